@@ -1,0 +1,70 @@
+"""One small exception hierarchy.
+
+Every message names the file, rank, field or collective concerned and says
+what to do about it; the CLI prints it as one line and exits non-zero.
+Recoverable problems are not exceptions: they become quality flags
+(:class:`Quality`) carried in results.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["TracekitError", "InputError", "OutputError", "CaptureError", "UsageError", "Quality", "QualityLog"]
+
+
+class TracekitError(Exception):
+    """Base class; ``str(e)`` is the one-line user message."""
+
+    exit_code = 1
+
+
+class InputError(TracekitError):
+    """A trace or input file is missing, unreadable or not what it claims to be."""
+
+    exit_code = 2
+
+
+class OutputError(TracekitError):
+    """An output cannot be written (exists without --force, directory missing, disk full)."""
+
+    exit_code = 3
+
+
+class CaptureError(TracekitError):
+    """Capture could not start or talk to its target."""
+
+    exit_code = 4
+
+
+class UsageError(TracekitError):
+    """Options that contradict each other or name things that do not exist."""
+
+    exit_code = 64
+
+
+@dataclass(frozen=True)
+class Quality:
+    """A data-quality flag: ``code`` is stable (for --json), ``message`` is for people."""
+
+    code: str
+    message: str
+    severity: str = "warning"  # "info" | "warning"
+    rank: int | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"code": self.code, "message": self.message, "severity": self.severity}
+        if self.rank is not None:
+            d["rank"] = self.rank
+        if self.details:
+            d["details"] = self.details
+        return d
+
+
+class QualityLog(list):  # type: ignore[type-arg]
+    """A list of :class:`Quality` with a convenience ``add``."""
+
+    def add(self, code: str, message: str, *, severity: str = "warning", rank: int | None = None, **details: Any) -> None:
+        self.append(Quality(code, message, severity, rank, dict(details)))

@@ -1,0 +1,169 @@
+"""Kernel name -> (category, family), by ordered regex rules from a data file.
+
+Rules live in ``schemas/categories_v1.json`` (``--rules FILE`` extends or
+replaces them). The name pass runs once per *unique* name (a dictionary), so it
+costs nothing per event. Context rules re-attribute ops launched inside CPU
+ranges (e.g. GEMMs inside an ``experts`` range are MoE GEMMs); they are applied
+by :func:`apply_context_rules` on a whole frame with vectorized joins.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import polars as pl
+
+from tracekit._errors import InputError
+from tracekit._resources import schema_file
+from tracekit.schema import CATEGORIES
+
+__all__ = ["Rule", "ContextRule", "RuleSet", "load_rules", "default_rules"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    category: str
+    regex: re.Pattern[str]
+
+
+@dataclass(frozen=True)
+class ContextRule:
+    id: str
+    category: str
+    range_regex: re.Pattern[str]
+    from_categories: tuple[str, ...]
+    name_regex: re.Pattern[str] | None
+
+
+@dataclass
+class RuleSet:
+    """Ordered name rules, a default, and context rules."""
+
+    rules: list[Rule]
+    default_id: str = "other"
+    default_category: str = "other_compute"
+    context: list[ContextRule] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+    _cache: dict[str, tuple[str, str]] = field(default_factory=dict, repr=False)
+
+    def classify(self, name: str) -> tuple[str, str]:
+        """(category, family) of one kernel/op name; first matching rule wins."""
+        hit = self._cache.get(name)
+        if hit is not None:
+            return hit
+        res = (self.default_category, self.default_id)
+        for r in self.rules:
+            if r.regex.search(name):
+                res = (r.category, r.id)
+                break
+        self._cache[name] = res
+        return res
+
+    def classify_names(self, names: Iterable[str]) -> pl.DataFrame:
+        """Frame ``name, category, family`` for unique names."""
+        uniq = list(dict.fromkeys(n for n in names if n is not None))
+        cats, fams = zip(*(self.classify(n) for n in uniq)) if uniq else ((), ())
+        return pl.DataFrame(
+            {"name": uniq, "category": list(cats), "family": list(fams)},
+            schema={"name": pl.String, "category": pl.String, "family": pl.String},
+        )
+
+    def categorize(self, df: pl.DataFrame) -> pl.DataFrame:
+        """Set ``category``/``family`` on GPU op rows (kernel, memcpy, memset) by name."""
+        gpu = pl.col("kind").cast(pl.String).is_in(["kernel", "memcpy", "memset"])
+        names = df.filter(gpu).get_column("name").cast(pl.String).unique().to_list()
+        table = self.classify_names(names)
+        out = df.with_columns(pl.col("name").cast(pl.String).alias("_n")).join(
+            table.rename({"name": "_n", "category": "_c", "family": "_f"}), on="_n", how="left"
+        )
+        return out.with_columns(
+            pl.when(gpu).then(pl.col("_c")).otherwise(pl.col("category").cast(pl.String)).cast(pl.Categorical).alias("category"),
+            pl.when(gpu).then(pl.col("_f")).otherwise(pl.col("family").cast(pl.String)).cast(pl.Categorical).alias("family"),
+        ).drop(["_n", "_c", "_f"])
+
+
+def _compile(rx: str, where: str) -> re.Pattern[str]:
+    try:
+        return re.compile(rx)
+    except re.error as e:
+        raise InputError(f"{where}: invalid regex {rx!r} ({e}); fix the rule") from None
+
+
+def _parse(doc: dict[str, Any], where: str) -> tuple[list[Rule], list[ContextRule], dict[str, Any]]:
+    if not isinstance(doc, dict) or "rules" not in doc or not isinstance(doc["rules"], list):
+        raise InputError(f"{where}: a rules file is a JSON object with a 'rules' list; see schemas/categories_v1.json")
+    rules = []
+    for i, r in enumerate(doc["rules"]):
+        if not isinstance(r, dict) or not {"id", "category", "regex"} <= set(r):
+            raise InputError(f"{where}: rules[{i}] needs id, category and regex")
+        if r["category"] not in CATEGORIES:
+            raise InputError(f"{where}: rules[{i}] ({r['id']}): category {r['category']!r} is not one of {', '.join(CATEGORIES)}")
+        rules.append(Rule(r["id"], r["category"], _compile(r["regex"], f"{where}: rules[{i}]")))
+    ctx = []
+    for i, r in enumerate(doc.get("context", []) or []):
+        if r.get("category") not in CATEGORIES:
+            raise InputError(f"{where}: context[{i}]: category {r.get('category')!r} is not one of {', '.join(CATEGORIES)}")
+        ctx.append(
+            ContextRule(
+                r["id"],
+                r["category"],
+                _compile(r["range_regex"], f"{where}: context[{i}]"),
+                tuple(r.get("from_categories") or CATEGORIES),
+                _compile(r["name_regex"], f"{where}: context[{i}]") if r.get("name_regex") else None,
+            )
+        )
+    return rules, ctx, doc.get("default") or {}
+
+
+def _load_doc(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise InputError(f"{path}: cannot read rules file ({e.strerror}); check the path") from None
+    if path.suffix in (".yaml", ".yml"):
+        try:
+            import yaml  # type: ignore[import-untyped]
+        except ImportError:
+            raise InputError(f"{path}: YAML rules need PyYAML (pip install pyyaml), or write the rules as JSON") from None
+        data = yaml.safe_load(text)
+        if isinstance(data, list):  # bare list of rules, as in kernel_families.md
+            data = {"rules": data}
+        return data
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise InputError(f"{path}: not valid JSON ({e}); see schemas/categories_v1.json for the format") from None
+
+
+_DEFAULT: RuleSet | None = None
+
+
+def default_rules() -> RuleSet:
+    """The shipped rules (cached)."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        p = schema_file("categories_v1.json")
+        rules, ctx, dflt = _parse(_load_doc(p), str(p))
+        _DEFAULT = RuleSet(rules, dflt.get("id", "other"), dflt.get("category", "other_compute"), ctx, [str(p)])
+    return _DEFAULT
+
+
+def load_rules(path: str | Path | None = None, *, replace: bool = False) -> RuleSet:
+    """Default rules, optionally extended (user rules first) or replaced by ``path``."""
+    base = default_rules()
+    if path is None:
+        return base
+    p = Path(path)
+    doc = _load_doc(p)
+    rules, ctx, dflt = _parse(doc, str(p))
+    replace = replace or bool(doc.get("replace", False))
+    if replace:
+        return RuleSet(rules, dflt.get("id", "other"), dflt.get("category", "other_compute"), ctx, [str(p)])
+    return RuleSet(
+        rules + base.rules, base.default_id, base.default_category, ctx + base.context, [str(p)] + base.sources
+    )

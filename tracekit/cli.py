@@ -1,0 +1,52 @@
+"""Thin typer CLI: each command lives in ``tracekit/commands/<name>.py``.
+
+A command validates options, calls the library, hands the result to a
+reporter and maps :class:`~tracekit._errors.TracekitError` to a one-line
+message and a non-zero exit code (no traceback).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+
+from tracekit._errors import TracekitError
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="tracekit",
+    help="Trace capture and replay analyzer for multi-GPU LLM inference.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+_COMMANDS = ("convert", "analyze", "capture", "launch", "timeline", "export", "replay", "diff")
+
+for _name in _COMMANDS:
+    try:
+        _mod = importlib.import_module(f"tracekit.commands.{_name}")
+    except ModuleNotFoundError as _e:  # a command not built yet
+        if _e.name != f"tracekit.commands.{_name}":
+            raise
+        continue
+    _mod.register(app)
+
+
+def main() -> None:
+    """Console entry point."""
+    try:
+        app(standalone_mode=True)
+    except TracekitError as e:
+        print(f"tracekit: error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        print("tracekit: interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""Helpers shared by commands: error mapping and output-format choice."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any, Callable, TypeVar
+
+import typer
+
+from tracekit._errors import TracekitError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+__all__ = ["handle_errors"]
+
+
+def handle_errors(fn: F) -> F:
+    """Turn TracekitError into a one-line message + exit code; never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except TracekitError as e:
+            print(f"tracekit: error: {e}", file=sys.stderr)
+            raise typer.Exit(e.exit_code) from None
+        except KeyboardInterrupt:
+            print("tracekit: interrupted", file=sys.stderr)
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,360 @@
+"""The ``trace.parquet`` contract: Arrow schema, version, metadata, atomic IO.
+
+One file holds every rank, every event kind, telemetry counters and the run
+metadata (JSON in the Parquet footer under the key ``tracekit``). Rows are
+sorted by ``(rank, ts_ns)``; each rank is written as its own row group(s), so a
+reader can stream one rank at a time.
+
+The machine-readable column table is ``schemas/trace_v1.json``; a test checks
+that :data:`ARROW_SCHEMA` matches it. Old files load with nulls for columns
+added later; files from a newer major schema version are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tracekit import __version__
+from tracekit._errors import InputError, OutputError
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "ARROW_SCHEMA",
+    "POLARS_SCHEMA",
+    "COLUMNS",
+    "KINDS",
+    "GPU_OP_KINDS",
+    "CATEGORIES",
+    "META_KEY",
+    "empty_frame",
+    "conform",
+    "frame_from_rows",
+    "TraceWriter",
+    "write_trace",
+    "read_trace",
+    "scan_trace",
+    "read_metadata",
+    "atomic_path",
+]
+
+SCHEMA_VERSION = 1
+META_KEY = b"tracekit"
+
+#: Row kinds. GPU ops are ``kernel``, ``memcpy`` and ``memset``.
+KINDS = (
+    "kernel",  # GPU kernel (CUPTI)
+    "memcpy",  # GPU copy; memcpy_kind and bytes set
+    "memset",  # GPU memset; bytes set
+    "cpu_op",  # CPU operator (aten::*, record_param_comms, python functions)
+    "runtime",  # CUDA runtime / driver API call (cudaLaunchKernel, cudaStreamSynchronize, ...)
+    "sync",  # CUDA sync record (stream wait event, event sync, stream sync, context sync)
+    "range",  # CPU-side user range (record_function / user_annotation / NVTX push-pop or start-end)
+    "gpu_range",  # GPU-side projection of a user range (Kineto gpu_user_annotation)
+    "step",  # one forward/step: SGLang step[...], tracekit tk.fwd[...], ProfilerStep#N, unprofiled step records
+    "counter",  # telemetry sample; name carries the unit (power_w, sm_active_pct, pcie_rx_bytes_per_s)
+    "instant",  # zero-length marker (NVTX mark, Kineto instant, injected fault marker)
+)
+GPU_OP_KINDS = ("kernel", "memcpy", "memset")
+
+#: Breakdown categories of GPU ops (``category`` column). ``idle`` is never a row value:
+#: it is the part of the window no GPU op covers.
+CATEGORIES = (
+    "moe_gemm",
+    "moe_routing",
+    "attention",
+    "communication",
+    "dense_gemm",
+    "other_compute",
+    "memory",
+)
+
+_D = pa.dictionary(pa.int32(), pa.string())
+
+# name, arrow type, nullable, unit, meaning
+COLUMNS: list[tuple[str, pa.DataType, bool, str, str]] = [
+    ("rank", pa.int32(), False, "", "global rank of the process that recorded the row"),
+    ("kind", _D, False, "", "row kind, one of KINDS"),
+    ("ts_ns", pa.int64(), False, "ns", "start, absolute Unix-epoch ns (CLOCK_REALTIME), clock-aligned across ranks"),
+    ("dur_ns", pa.int64(), False, "ns", "duration; 0 for counters and instants"),
+    ("device", pa.int32(), True, "", "CUDA device ordinal as seen by the process"),
+    ("stream", pa.int64(), True, "", "CUDA stream id (GPU ops, syncs, gpu ranges)"),
+    ("pid", pa.int64(), True, "", "process id (CPU rows); Kineto device pid for GPU rows"),
+    ("tid", pa.int64(), True, "", "thread id (CPU rows); Kineto lane for GPU rows"),
+    ("name", _D, False, "", "event name as recorded (kernel names demangled when the source did)"),
+    ("category", _D, True, "", "GPU ops: breakdown category, one of CATEGORIES"),
+    ("family", _D, True, "", "GPU ops: id of the first matching rule (e.g. allreduce.nccl), 'other' if none"),
+    ("correlation", pa.int64(), True, "", "CUPTI correlation id linking a runtime call to the GPU op(s) it launched"),
+    ("external_id", pa.int64(), True, "", "Kineto External id linking CPU ops to their runtime calls"),
+    ("graph_id", pa.int64(), True, "", "CUDA graph id for kernels replayed from a graph"),
+    ("graph_node_id", pa.int64(), True, "", "CUDA graph node id when the source records it"),
+    ("launch_ts_ns", pa.int64(), True, "ns", "GPU ops: start of the launching runtime call (cudaLaunchKernel/cudaGraphLaunch/...)"),
+    ("launch_dur_ns", pa.int64(), True, "ns", "GPU ops: duration of the launching runtime call"),
+    ("launch_tid", pa.int64(), True, "", "GPU ops: thread of the launching runtime call"),
+    ("launch_name", _D, True, "", "GPU ops: name of the launching runtime call"),
+    ("grid_x", pa.int32(), True, "", "kernel grid size x"),
+    ("grid_y", pa.int32(), True, "", "kernel grid size y"),
+    ("grid_z", pa.int32(), True, "", "kernel grid size z"),
+    ("block_x", pa.int32(), True, "", "kernel block size x"),
+    ("block_y", pa.int32(), True, "", "kernel block size y"),
+    ("block_z", pa.int32(), True, "", "kernel block size z"),
+    ("registers_per_thread", pa.int32(), True, "", "kernel registers per thread"),
+    ("shared_mem_bytes", pa.int64(), True, "bytes", "kernel static + dynamic shared memory"),
+    ("bytes", pa.int64(), True, "bytes", "memcpy/memset size"),
+    ("memcpy_kind", _D, True, "", "HtoD, DtoH, DtoD, PtoP, HtoH or other"),
+    ("src_mem", _D, True, "", "memcpy source memory kind (Pageable, Pinned, Device, ...)"),
+    ("dst_mem", _D, True, "", "memcpy destination memory kind"),
+    ("coll_name", _D, True, "", "collective name (allreduce, allgather, reduce_scatter, broadcast, send, recv, ...)"),
+    ("coll_in_nelems", pa.int64(), True, "elements", "collective input element count"),
+    ("coll_out_nelems", pa.int64(), True, "elements", "collective output element count"),
+    ("coll_dtype", _D, True, "", "collective element dtype as recorded (Float, BFloat16, ...)"),
+    ("coll_group_size", pa.int32(), True, "", "number of ranks in the collective's process group"),
+    ("pg_name", _D, True, "", "process group name"),
+    ("pg_desc", _D, True, "", "process group description"),
+    ("pg_ranks", _D, True, "", "process group ranks as a JSON list string, e.g. [0, 1]"),
+    ("coll_seq", pa.int64(), True, "", "collective GPU ops: 0-based sequence number within (rank, process group)"),
+    ("step_id", pa.int64(), True, "", "step rows: step number; other rows: the step whose range launched them"),
+    ("step_mode", _D, True, "", "step rows: DECODE, EXTEND, MIXED, IDLE, TARGET_VERIFY, DRAFT, PREFILL, TRAIN ..."),
+    ("batch_size", pa.int32(), True, "requests", "step rows: batch size"),
+    ("tokens", pa.int64(), True, "tokens", "step rows: tokens processed by the forward"),
+    ("profiled", pa.bool_(), True, "", "step rows: true when the profiler was recording during the step"),
+    ("value", pa.float64(), True, "see name", "counter rows: sample value; the unit is the suffix of name"),
+    ("input_dims", pa.string(), True, "", "cpu_op rows with record_shapes: JSON list of input shapes"),
+    ("input_types", pa.string(), True, "", "cpu_op rows with record_shapes: JSON list of input dtypes"),
+    ("src", _D, True, "", "where the row came from: Kineto cat, NVTX domain, tracekit component"),
+]
+
+ARROW_SCHEMA = pa.schema([pa.field(n, t, nullable=nl) for n, t, nl, _u, _m in COLUMNS])
+COLUMN_NAMES = [c[0] for c in COLUMNS]
+
+
+def _pl_dtype(t: pa.DataType) -> pl.DataType:
+    if pa.types.is_dictionary(t):
+        return pl.Categorical()
+    return {
+        pa.int32(): pl.Int32(),
+        pa.int64(): pl.Int64(),
+        pa.float64(): pl.Float64(),
+        pa.bool_(): pl.Boolean(),
+        pa.string(): pl.String(),
+    }[t]
+
+
+POLARS_SCHEMA: dict[str, pl.DataType] = {n: _pl_dtype(t) for n, t, _nl, _u, _m in COLUMNS}
+
+
+def empty_frame() -> pl.DataFrame:
+    """An empty frame with the full v1 schema."""
+    return pl.DataFrame(schema=POLARS_SCHEMA)
+
+
+def conform(df: pl.DataFrame) -> pl.DataFrame:
+    """Add missing columns as nulls, cast present ones, order as the schema.
+
+    Categorical-ish columns may be given as plain strings.
+    """
+    exprs = []
+    for name, dtype in POLARS_SCHEMA.items():
+        if name in df.columns:
+            col = pl.col(name)
+            if isinstance(dtype, pl.Categorical) and df.schema[name] != pl.Categorical:
+                col = col.cast(pl.String).cast(dtype)
+            elif df.schema[name] != dtype:
+                col = col.cast(dtype)
+            exprs.append(col.alias(name))
+        else:
+            exprs.append(pl.lit(None, dtype=dtype).alias(name))
+    return df.select(exprs)
+
+
+def frame_from_rows(rows: Iterable[Mapping[str, Any]]) -> pl.DataFrame:
+    """Build a schema-conformant frame from dicts (tests, small sources)."""
+    rows = list(rows)
+    if not rows:
+        return empty_frame()
+    keys: list[str] = []
+    for r in rows:
+        for k in r:
+            if k not in keys:
+                if k not in POLARS_SCHEMA:
+                    raise ValueError(f"unknown trace column {k!r}")
+                keys.append(k)
+    data = {k: [r.get(k) for r in rows] for k in keys}
+    schema = {k: (pl.String if isinstance(POLARS_SCHEMA[k], pl.Categorical) else POLARS_SCHEMA[k]) for k in keys}
+    return conform(pl.DataFrame(data, schema=schema, strict=False))
+
+
+def _to_arrow(df: pl.DataFrame) -> pa.Table:
+    df = conform(df)
+    tbl = df.to_arrow()
+    cols = []
+    for field in ARROW_SCHEMA:
+        col = tbl.column(field.name)
+        if pa.types.is_dictionary(field.type):
+            if not pa.types.is_dictionary(col.type):
+                col = col.cast(pa.string()).dictionary_encode()
+            col = col.cast(field.type)
+        elif col.type != field.type:
+            col = col.cast(field.type)
+        cols.append(col)
+    return pa.Table.from_arrays(cols, schema=ARROW_SCHEMA)
+
+
+def _base_metadata() -> dict[str, Any]:
+    return {"schema_version": SCHEMA_VERSION, "tool_version": __version__}
+
+
+class atomic_path:
+    """Context manager: yields a temp path next to ``final``; renames on success.
+
+    Refuses to overwrite an existing file unless ``force``. On error the temp
+    file is removed and the destination is untouched.
+    """
+
+    def __init__(self, final: str | os.PathLike[str], *, force: bool = False, suffix: str = "") -> None:
+        self.final = Path(final)
+        self.force = force
+        self.suffix = suffix or self.final.suffix
+        self.tmp: Path | None = None
+
+    def __enter__(self) -> Path:
+        if self.final.exists() and not self.force:
+            raise OutputError(f"{self.final}: exists; pass --force to overwrite")
+        parent = self.final.parent if str(self.final.parent) else Path(".")
+        if not parent.exists():
+            raise OutputError(f"{self.final}: directory {parent} does not exist; create it first")
+        fd, name = tempfile.mkstemp(prefix=f".{self.final.name}.", suffix=self.suffix + ".tmp", dir=parent)
+        os.close(fd)
+        self.tmp = Path(name)
+        return self.tmp
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        assert self.tmp is not None
+        if exc_type is None:
+            os.replace(self.tmp, self.final)
+        else:
+            try:
+                self.tmp.unlink()
+            except FileNotFoundError:
+                pass
+
+
+class TraceWriter:
+    """Streaming writer: add one rank's (or one chunk's) frame at a time.
+
+    Memory stays bounded by the largest chunk. Call :meth:`close` with the run
+    metadata; the file appears (atomically) only then.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, force: bool = False, row_group_size: int = 1 << 20) -> None:
+        self._atomic = atomic_path(path, force=force)
+        self._tmp = self._atomic.__enter__()
+        self._writer: pq.ParquetWriter | None = None
+        self._row_group_size = row_group_size
+        self.rows = 0
+
+    def write(self, df: pl.DataFrame | pa.Table) -> None:
+        tbl = df if isinstance(df, pa.Table) else _to_arrow(df)
+        if tbl.schema != ARROW_SCHEMA:
+            tbl = _to_arrow(pl.from_arrow(tbl))  # type: ignore[arg-type]
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(
+                self._tmp, ARROW_SCHEMA, compression="zstd", use_dictionary=True, write_statistics=True
+            )
+        self._writer.write_table(tbl, row_group_size=self._row_group_size)
+        self.rows += tbl.num_rows
+
+    def close(self, metadata: Mapping[str, Any] | None = None) -> None:
+        meta = _base_metadata()
+        meta.update(metadata or {})
+        meta["schema_version"] = SCHEMA_VERSION
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(self._tmp, ARROW_SCHEMA, compression="zstd")
+        self._writer.add_key_value_metadata({META_KEY.decode(): json.dumps(meta, default=str)})
+        self._writer.close()
+        self._atomic.__exit__(None, None, None)
+
+    def abort(self) -> None:
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            except Exception:  # noqa: BLE001 - best effort on the error path
+                pass
+        self._atomic.__exit__(RuntimeError, None, None)
+
+    def __enter__(self) -> "TraceWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
+
+
+def write_trace(
+    df: pl.DataFrame, path: str | os.PathLike[str], metadata: Mapping[str, Any] | None = None, *, force: bool = False
+) -> None:
+    """Write a whole frame as ``trace.parquet`` (sorted by rank, ts_ns), atomically."""
+    df = conform(df).sort(["rank", "ts_ns"], maintain_order=True)
+    w = TraceWriter(path, force=force)
+    try:
+        for part in df.partition_by("rank", maintain_order=True) if df.height else [df]:
+            w.write(part)
+        w.close(metadata)
+    except BaseException:
+        w.abort()
+        raise
+
+
+def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Run metadata from the footer; raises InputError for non-trace files or newer versions."""
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"{p}: no such file; check the path")
+    try:
+        md = pq.read_metadata(p).metadata or {}
+    except Exception as e:  # noqa: BLE001
+        raise InputError(f"{p}: not a Parquet file ({type(e).__name__}); pass a trace.parquet written by tracekit") from None
+    raw = md.get(META_KEY)
+    if raw is None:
+        raise InputError(f"{p}: Parquet file without tracekit metadata; convert the source with `tracekit convert`")
+    try:
+        meta = json.loads(raw)
+    except ValueError:
+        raise InputError(f"{p}: corrupt tracekit metadata in the footer; re-convert the source") from None
+    ver = int(meta.get("schema_version", 0))
+    if ver > SCHEMA_VERSION:
+        raise InputError(
+            f"{p}: schema_version {ver} is newer than this tracekit supports ({SCHEMA_VERSION}); upgrade tracekit"
+        )
+    return meta
+
+
+def scan_trace(path: str | os.PathLike[str]) -> pl.LazyFrame:
+    """Lazy scan with missing columns added as nulls (older files)."""
+    read_metadata(path)
+    lf = pl.scan_parquet(path)
+    have = lf.collect_schema().names()
+    missing = [n for n in COLUMN_NAMES if n not in have]
+    if missing:
+        lf = lf.with_columns([pl.lit(None, dtype=POLARS_SCHEMA[n]).alias(n) for n in missing])
+    return lf.select(COLUMN_NAMES)
+
+
+def read_trace(path: str | os.PathLike[str], *, ranks: Iterable[int] | None = None) -> tuple[pl.DataFrame, dict[str, Any]]:
+    """Read events (optionally only some ranks) and metadata."""
+    meta = read_metadata(path)
+    lf = scan_trace(path)
+    if ranks is not None:
+        lf = lf.filter(pl.col("rank").is_in(list(ranks)))
+    try:
+        df = lf.collect()
+    except Exception as e:  # noqa: BLE001
+        raise InputError(f"{path}: unreadable trace data ({type(e).__name__}: {e}); re-convert the source") from None
+    return df, meta
