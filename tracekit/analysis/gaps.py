@@ -1,0 +1,193 @@
+"""GPU idle gaps per rank, each attributed to one cause.
+
+A gap is a stretch of a rank's window with no GPU op (kernel, memcpy, memset) on
+any stream. Causes, first match wins:
+
+``between_steps``
+    the ops on both sides belong to different steps (``step_id``), or a step
+    range starts inside the gap: scheduler / host work between forwards.
+``host_sync``
+    a blocking runtime call (stream/device/event synchronize, synchronous
+    ``cudaMemcpy``, which is what ``.item()`` / ``.tolist()`` / ``nonzero`` lower to)
+    returned inside the gap (within ``tol_ns`` of its start): the host waited for
+    the GPU to drain, then had to launch again.
+``launch_bound``
+    the op after the gap was launched (launch call end) after the GPU drained:
+    the GPU waited on the CPU.
+``other``
+    the next op was already queued: cross-stream or event dependencies,
+    copy-engine waits, unknown launch times.
+
+``waiting_on_peer`` is not GPU idle: it is the wait part of collective kernels
+(the kernel spins until the last rank arrives), added from the matched instances
+so the report can show it next to true idle time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import polars as pl
+
+from tracekit.analysis import intervals as iv
+from tracekit.schema import GPU_OP_KINDS
+
+__all__ = ["IdleCauses", "idle_causes", "gpu_ops", "sync_calls", "busy_before", "asof", "SYNC_REGEX", "IDLE_CAUSES"]
+
+#: blocking host calls (version suffixes like ``_v3020`` allowed)
+SYNC_REGEX = (
+    r"^(cuda(Stream|Device|Event|Ctx|Thread)Synchronize|cu(Stream|Ctx|Event)Synchronize"
+    r"|cudaMemcpy(2D|3D|ToSymbol|FromSymbol)?|cuMemcpy(DtoH|HtoD|DtoD|2D|3D)?(_v2)?"
+    r"|hip(Stream|Device|Event)Synchronize|hipMemcpy)(_v\d+)?$"
+)
+IDLE_CAUSES = ("between_steps", "host_sync", "launch_bound", "other", "waiting_on_peer")
+
+
+def gpu_ops(df: pl.DataFrame) -> pl.DataFrame:
+    """GPU op rows with ``start``/``end`` columns, rank as Int64."""
+    return df.filter(pl.col("kind").cast(pl.String).is_in(list(GPU_OP_KINDS)) & (pl.col("dur_ns") >= 0)).with_columns(
+        pl.col("rank").cast(pl.Int64), pl.col("ts_ns").alias("start"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("end")
+    )
+
+
+def asof(left: pl.DataFrame, right: pl.DataFrame, left_on: str, right_on: str, by: str, strategy: str = "backward") -> pl.DataFrame:
+    """``join_asof`` by group; both sides sorted on the time key (polars needs it within each group)."""
+    return left.sort(left_on).join_asof(
+        right.sort(right_on), left_on=left_on, right_on=right_on, by=by, strategy=strategy, check_sortedness=False  # type: ignore[arg-type]
+    )
+
+
+def busy_before(ops: pl.DataFrame, points: pl.DataFrame, *, by: str = "rank", at: str = "t", out: str = "busy") -> pl.DataFrame:
+    """Add column ``out``: GPU busy time (union of ``ops`` start/end) on the point's rank before ``at``.
+
+    Busy time in ``[a, b)`` is ``busy_before(b) − busy_before(a)``; O(n log n), no per-event loop.
+    """
+    m = iv.merge(ops.select(by, "start", "end"), by=by)
+    m = m.with_columns((pl.col("end") - pl.col("start")).cum_sum().over(by).alias("_cum")).with_columns(
+        (pl.col("_cum") - (pl.col("end") - pl.col("start"))).alias("_before")
+    ).select(by, pl.col("start").alias("_ms"), pl.col("end").alias("_me"), "_before")
+    j = asof(points.with_row_index("_pi"), m, at, "_ms", by)
+    inside = (pl.min_horizontal(pl.col(at), pl.col("_me")) - pl.col("_ms")).clip(lower_bound=0)
+    return j.with_columns((pl.col("_before") + inside).fill_null(0).alias(out)).sort("_pi").drop(["_pi", "_ms", "_me", "_before"])
+
+
+def sync_calls(df: pl.DataFrame) -> pl.DataFrame:
+    """Blocking runtime calls: ``rank, s_start, s_end, s_name``."""
+    return df.filter(
+        (pl.col("kind").cast(pl.String) == "runtime") & pl.col("name").cast(pl.String).str.contains(SYNC_REGEX)
+    ).select(
+        pl.col("rank").cast(pl.Int64),
+        pl.col("ts_ns").alias("s_start"),
+        (pl.col("ts_ns") + pl.col("dur_ns")).alias("s_end"),
+        pl.col("name").cast(pl.String).alias("s_name"),
+    )
+
+
+@dataclass
+class IdleCauses:
+    """``gaps``: every gap (rank, start_ns, end_ns, dur_ns, cause, step_id, next_name, detail);
+    ``totals``: rank, cause, total_ns, count; ``largest``: the top gaps per rank."""
+
+    gaps: pl.DataFrame
+    totals: pl.DataFrame
+    largest: pl.DataFrame
+
+    def by_rank_ns(self) -> dict[str, dict[str, int]]:
+        """``{rank: {cause: ns}}`` with every cause present (0 when none)."""
+        out: dict[str, dict[str, int]] = {}
+        for r in sorted(set(self.totals["rank"].to_list())):
+            out[str(r)] = {c: 0 for c in IDLE_CAUSES}
+        for r, c, t in zip(self.totals["rank"].to_list(), self.totals["cause"].to_list(), self.totals["total_ns"].to_list()):
+            out[str(r)][c] = int(t)
+        return out
+
+
+def _windows(ops: pl.DataFrame, window: Any) -> pl.DataFrame:
+    if window is None:
+        return ops.group_by("rank").agg(pl.col("start").min().alias("lo"), pl.col("end").max().alias("hi"))
+    if isinstance(window, Mapping):
+        return pl.DataFrame(
+            {"rank": [int(k) for k in window], "lo": [int(v[0]) for v in window.values()], "hi": [int(v[1]) for v in window.values()]},
+            schema={"rank": pl.Int64, "lo": pl.Int64, "hi": pl.Int64},
+        )
+    lo, hi = window
+    return ops.select(pl.col("rank").unique()).with_columns(pl.lit(int(lo)).alias("lo"), pl.lit(int(hi)).alias("hi"))
+
+
+def idle_causes(
+    df: pl.DataFrame,
+    instances: pl.DataFrame | None = None,
+    *,
+    window: tuple[int, int] | Mapping[int, tuple[int, int]] | None = None,
+    tol_ns: int = 20_000,
+    min_gap_ns: int = 0,
+    top_n: int = 10,
+) -> IdleCauses:
+    """Idle gaps per rank with their cause (module doc). ``window`` defaults to each rank's
+    first GPU op start → last GPU op end; gaps shorter than ``min_gap_ns`` are dropped."""
+    ops = gpu_ops(df)
+    schema = {"rank": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "dur_ns": pl.Int64, "cause": pl.String,
+              "step_id": pl.Int64, "next_name": pl.String, "detail": pl.String}
+    if ops.height == 0:
+        e = pl.DataFrame(schema=schema)
+        return IdleCauses(e, pl.DataFrame(schema={"rank": pl.Int64, "cause": pl.String, "total_ns": pl.Int64, "count": pl.UInt32}), e)
+    bounds = _windows(ops, window)
+    g = iv.gaps(ops.select("rank", "start", "end"), by="rank", bounds=bounds).filter(
+        (pl.col("end") - pl.col("start")) >= max(min_gap_ns, 1)
+    )
+    # previous op (ending at/before the gap start) and next op (starting at/after the gap end)
+    prev = ops.select("rank", pl.col("end").alias("p_end"), pl.col("step_id").alias("p_step")).sort(["rank", "p_end"])
+    nxt = ops.select(
+        "rank", pl.col("start").alias("n_start"), pl.col("step_id").alias("n_step"), pl.col("name").cast(pl.String).alias("next_name"),
+        (pl.col("launch_ts_ns") + pl.col("launch_dur_ns").fill_null(0)).alias("n_launch_end"),
+    ).sort(["rank", "n_start"])
+    g = asof(g, prev, "start", "p_end", "rank")
+    g = asof(g, nxt, "end", "n_start", "rank", "forward")
+    # blocking host calls returning inside the gap
+    sy = sync_calls(df).sort(["rank", "s_end"])
+    g = asof(g, sy, "end", "s_end", "rank")
+    # step ranges starting inside the gap
+    st = df.filter(pl.col("kind").cast(pl.String) == "step").select(
+        pl.col("rank").cast(pl.Int64), pl.col("ts_ns").alias("st_start")
+    ).sort(["rank", "st_start"])
+    g = asof(g, st, "end", "st_start", "rank")
+    step_change = (pl.col("p_step").is_not_null() & pl.col("n_step").is_not_null() & (pl.col("p_step") != pl.col("n_step"))) | (
+        pl.col("st_start").is_not_null() & (pl.col("st_start") > pl.col("start")) & (pl.col("st_start") <= pl.col("end"))
+    )
+    synced = pl.col("s_end").is_not_null() & (pl.col("s_end") >= pl.col("start") - tol_ns) & (pl.col("s_start") <= pl.col("start") + tol_ns)
+    launch = pl.col("n_launch_end").is_not_null() & (pl.col("n_launch_end") > pl.col("start"))
+    cause = (
+        pl.when(step_change).then(pl.lit("between_steps"))
+        .when(synced).then(pl.lit("host_sync"))
+        .when(launch).then(pl.lit("launch_bound"))
+        .otherwise(pl.lit("other"))
+    )
+    gaps = g.with_columns(cause.alias("cause")).select(
+        "rank",
+        pl.col("start").alias("start_ns"),
+        pl.col("end").alias("end_ns"),
+        (pl.col("end") - pl.col("start")).alias("dur_ns"),
+        "cause",
+        pl.coalesce(pl.col("n_step"), pl.col("p_step")).cast(pl.Int64).alias("step_id"),
+        "next_name",
+        pl.when(pl.col("cause") == "host_sync").then(pl.col("s_name")).otherwise(None).alias("detail"),
+    )
+    if instances is not None and instances.height:
+        w = instances.filter(pl.col("wait_ns") > 0).select(
+            pl.col("rank").cast(pl.Int64),
+            pl.col("arrival_ns").alias("start_ns"),
+            (pl.col("arrival_ns") + pl.col("wait_ns")).alias("end_ns"),
+            pl.col("wait_ns").alias("dur_ns"),
+            pl.lit("waiting_on_peer").alias("cause"),
+            pl.col("step_id").cast(pl.Int64),
+            pl.col("name").alias("next_name"),
+            (pl.lit("late rank ") + pl.col("late_rank").cast(pl.String)).alias("detail"),
+        )
+        w = iv.clip(w.join(bounds, on="rank", how="inner"), pl.col("lo"), pl.col("hi"), start="start_ns", end="end_ns").drop(["lo", "hi"])
+        w = w.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("dur_ns"))
+        gaps = pl.concat([gaps, w.select(gaps.columns)], how="vertical_relaxed")
+    gaps = gaps.sort(["rank", "start_ns"])
+    totals = gaps.group_by(["rank", "cause"]).agg(pl.col("dur_ns").sum().alias("total_ns"), pl.len().alias("count")).sort(["rank", "cause"])
+    largest = gaps.sort("dur_ns", descending=True).group_by("rank", maintain_order=True).head(top_n).sort(["rank", "dur_ns"], descending=[False, True])
+    return IdleCauses(gaps, totals, largest)
