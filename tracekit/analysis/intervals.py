@@ -148,7 +148,7 @@ def covered_by(
     keys = _by(by)
     iv = intervals.select(keys + [pl.col(start).alias("_s"), pl.col(end).alias("_e")] + list(payload)).sort(keys + ["_s"])
     pts = points.with_row_index("_i").sort(keys + [at])
-    j = pts.join_asof(iv, left_on=at, right_on="_s", by=keys or None, strategy="backward")
+    j = pts.join_asof(iv, left_on=at, right_on="_s", by=keys or None, strategy="backward", check_sortedness=False)
     inside = pl.col(at) < pl.col("_e")
     j = j.with_columns([pl.when(inside).then(pl.col(p)).otherwise(None).alias(p) for p in payload])
     return j.sort("_i").drop(["_i", "_s", "_e"])

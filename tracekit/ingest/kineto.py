@@ -1,0 +1,579 @@
+"""torch.profiler / Kineto Chrome-JSON reader (``.json`` / ``.json.gz``), incl. SGLang files.
+
+Contract of :func:`read_kineto`: one file (one rank) in, a *raw* frame out —
+rows follow :mod:`tracekit.schema` but are not yet finalized (no launch join,
+no categories, no collective sequence numbers; see
+:func:`tracekit.ingest.common.finalize_rank`).
+
+Speed and memory: the document is decoded with msgspec into typed structs,
+the ``traceEvents`` array in chunks of ~16 MB (boundaries found by a regex and
+verified by the decoder), so peak memory is the decompressed text plus one
+chunk of structs plus compact columns. Timestamps keep sub-µs precision:
+float literals arrive as strings and are split into integer and fraction
+vectorized.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import re
+from operator import attrgetter
+import zlib
+from pathlib import Path
+from typing import Any, Iterator
+
+import msgspec
+from msgspec.structs import astuple
+import polars as pl
+
+from tracekit._errors import InputError, QualityLog
+from tracekit.schema import conform
+
+__all__ = ["read_kineto", "KINETO_KINDS"]
+
+#: Kineto ``cat`` -> tracekit kind. Categories not here and not in _SKIP are counted as unknown.
+KINETO_KINDS = {
+    "kernel": "kernel",
+    "Kernel": "kernel",
+    "gpu_memcpy": "memcpy",
+    "Memcpy": "memcpy",
+    "gpu_memset": "memset",
+    "Memset": "memset",
+    "cuda_runtime": "runtime",
+    "cuda_driver": "runtime",
+    "Runtime": "runtime",
+    "hip_runtime": "runtime",
+    "cuda_sync": "sync",
+    "cpu_op": "cpu_op",
+    "Operator": "cpu_op",
+    "user_annotation": "range",
+    "gpu_user_annotation": "gpu_range",
+}
+_SKIP = {
+    "Trace",
+    "overhead",
+    "ac2g",
+    "async_gpu",
+    "fwdbwd",
+    "async_cpu_to_gpu",
+    "python_function",
+    "cpu_instant_event",
+    "cuda_profiler_range",
+    "critical_path",
+    "Memory",
+}
+
+
+class _Args(msgspec.Struct, rename={
+    "external_id": "External id",
+    "registers": "registers per thread",
+    "shared_memory": "shared memory",
+    "graph_id": "graph id",
+    "graph_node_id": "graph node id",
+    "coll_name": "Collective name",
+    "in_nelems": "In msg nelems",
+    "out_nelems": "Out msg nelems",
+    "group_size": "Group size",
+    "pg_name": "Process Group Name",
+    "pg_desc": "Process Group Description",
+    "pg_ranks": "Process Group Ranks",
+    "seq": "Seq",
+    "input_dims": "Input Dims",
+    "input_type": "Input type",
+}):
+    correlation: Any = None
+    external_id: Any = None
+    device: Any = None
+    stream: Any = None
+    grid: Any = None
+    block: Any = None
+    registers: Any = None
+    shared_memory: Any = None
+    bytes: Any = None
+    graph_id: Any = None
+    graph_node_id: Any = None
+    coll_name: Any = None
+    in_nelems: Any = None
+    out_nelems: Any = None
+    group_size: Any = None
+    dtype: Any = None
+    pg_name: Any = None
+    pg_desc: Any = None
+    pg_ranks: Any = None
+    seq: Any = None
+    input_dims: Any = None
+    input_type: Any = None
+    kind: Any = None
+
+
+_NOARGS = _Args()
+
+
+class _Ev(msgspec.Struct):
+    ph: Any = None
+    cat: Any = None
+    name: Any = None
+    pid: Any = None
+    tid: Any = None
+    ts: Any = None
+    dur: Any = None
+    args: Any = None  # _Args after typed decode; dict on the loose path
+
+
+class _EvTyped(_Ev):
+    args: _Args | None = None
+
+
+class _Top(msgspec.Struct):
+    traceEvents: msgspec.Raw = msgspec.Raw(b"[]")  # noqa: N815 - JSON key
+    baseTimeNanoseconds: Any = None  # noqa: N815
+    distributedInfo: Any = None  # noqa: N815
+    deviceProperties: Any = None  # noqa: N815
+    displayTimeUnit: Any = None  # noqa: N815
+    schemaVersion: Any = None  # noqa: N815
+    record_shapes: Any = None
+    traceName: Any = None  # noqa: N815
+
+
+def _as_str(s: str) -> str:
+    return s
+
+
+_TOP = msgspec.json.Decoder(_Top)
+_CHUNK_TYPED = msgspec.json.Decoder(list[_EvTyped], float_hook=_as_str)
+_CHUNK_LOOSE = msgspec.json.Decoder(list[_Ev], float_hook=_as_str)
+_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+_CHUNK_BYTES = 16 << 20
+_ARG_FIELDS = _Args.__struct_fields__
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise InputError(f"{path}: cannot read ({e.strerror}); check the path and permissions") from None
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            return gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as e:
+            raise InputError(f"{path}: truncated or corrupt gzip ({e}); re-copy the file from the capture host") from None
+    return raw
+
+
+def _chunks(arr: memoryview) -> Iterator[bytes]:
+    """Split the bytes of a JSON array of objects into decodable ``[...]`` chunks."""
+    n = len(arr)
+    # strip the outer brackets
+    lo = bytes(arr[: min(n, 64)]).find(b"[")
+    hi = n - 1
+    while hi > lo and arr[hi] != ord("]"):
+        hi -= 1
+    body = arr[lo + 1 : hi]
+    m = len(body)
+    start = 0
+    while start < m:
+        end = start + _CHUNK_BYTES
+        if end >= m:
+            yield b"[" + bytes(body[start:m]) + b"]"
+            return
+        window = bytes(body[end : min(m, end + (1 << 20))])
+        hit = _BOUNDARY.search(window)
+        while hit is None and end + len(window) < m:
+            end += len(window)
+            window = bytes(body[end : min(m, end + (4 << 20))])
+            hit = _BOUNDARY.search(window)
+        if hit is None:
+            yield b"[" + bytes(body[start:m]) + b"]"
+            return
+        cut = end + hit.start() + 1  # just after the closing brace
+        yield b"[" + bytes(body[start:cut]) + b"]"
+        # skip the comma
+        nxt = end + hit.end() - 1  # position of the next '{'
+        start = nxt
+
+
+def _decode_events(raw_events: bytes, path: Path, quality: QualityLog) -> Iterator[list[Any]]:
+    """Yield lists of events, chunk by chunk; a bad split merges with the next chunk."""
+    pending = b""
+    for chunk in _chunks(memoryview(raw_events)):
+        if pending:
+            chunk = pending[:-1] + b"," + chunk[1:]
+            pending = b""
+        try:
+            yield _CHUNK_TYPED.decode(chunk)
+            continue
+        except msgspec.ValidationError:
+            try:
+                yield _CHUNK_LOOSE.decode(chunk)
+                continue
+            except msgspec.DecodeError:
+                pending = chunk
+        except msgspec.DecodeError:
+            pending = chunk  # split inside a nested object: retry merged with the next chunk
+    if pending:
+        try:
+            yield _CHUNK_TYPED.decode(pending)
+        except msgspec.ValidationError:
+            try:
+                yield _CHUNK_LOOSE.decode(pending)
+            except msgspec.DecodeError as e:
+                raise InputError(f"{path}: invalid JSON in traceEvents ({e}); the file is corrupt or truncated") from None
+        except msgspec.DecodeError as e:
+            raise InputError(f"{path}: invalid JSON in traceEvents ({e}); the file is corrupt or truncated") from None
+
+
+def _loose_args(d: Any) -> _Args:
+    if not isinstance(d, dict):
+        return _NOARGS
+    conv = {
+        "correlation": d.get("correlation"),
+        "external_id": d.get("External id"),
+        "device": d.get("device"),
+        "stream": d.get("stream"),
+        "grid": d.get("grid"),
+        "block": d.get("block"),
+        "registers": d.get("registers per thread"),
+        "shared_memory": d.get("shared memory"),
+        "bytes": d.get("bytes"),
+        "graph_id": d.get("graph id"),
+        "graph_node_id": d.get("graph node id"),
+        "coll_name": d.get("Collective name"),
+        "in_nelems": d.get("In msg nelems"),
+        "out_nelems": d.get("Out msg nelems"),
+        "group_size": d.get("Group size"),
+        "dtype": d.get("dtype"),
+        "pg_name": d.get("Process Group Name"),
+        "pg_desc": d.get("Process Group Description"),
+        "pg_ranks": d.get("Process Group Ranks"),
+        "seq": d.get("Seq"),
+        "input_dims": d.get("Input Dims"),
+        "input_type": d.get("Input type"),
+        "kind": d.get("kind"),
+    }
+    return _Args(**conv)
+
+
+def _num_to_str(v: Any) -> str | None:
+    """Timestamps arrive as str (float literal), int, or junk."""
+    if v is None:
+        return None
+    if isinstance(v, str):
+        return v
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return None
+
+
+def _scalar(v: Any) -> Any:
+    return v if isinstance(v, (int, str)) and not isinstance(v, bool) else (int(v) if isinstance(v, float) else None)
+
+
+def _json_or_none(v: Any) -> str | None:
+    if v is None or v == [] or v == "":
+        return None
+    return msgspec.json.encode(v).decode()
+
+
+class _Cols:
+    """Column accumulators for one file."""
+
+    def __init__(self) -> None:
+        self.c: dict[str, list[Any]] = {k: [] for k in (
+            "_kind", "cat", "name", "pid", "tid", "ts", "dur",
+            *_ARG_FIELDS,
+        )}
+
+    def add(self, evs: list[Any], quality_unknown: dict[str, int]) -> None:
+        kinds = KINETO_KINDS
+        keep = [e for e in evs if e.ph == "X" and e.cat in kinds]
+        if len(keep) != len(evs):
+            for e in evs:
+                if e.ph == "X" and e.cat not in kinds and e.cat not in _SKIP:
+                    quality_unknown[str(e.cat)] = quality_unknown.get(str(e.cat), 0) + 1
+                elif e.ph in ("i", "I") and e.cat not in _SKIP and e.ts is not None:
+                    keep.append(e)
+        if not keep:
+            return
+        c = self.c
+        c["_kind"].extend([kinds.get(e.cat, "instant") if e.ph == "X" else "instant" for e in keep])
+        for f in ("cat", "name", "pid", "tid", "ts", "dur"):
+            c[f].extend(map(attrgetter(f), keep))
+        args = [e.args for e in keep]
+        if any(a is not None and not isinstance(a, _Args) for a in args):
+            args = [_loose_args(a) if not isinstance(a, _Args) and a is not None else a for a in args]
+        args = [a or _NOARGS for a in args]
+        for f in _ARG_FIELDS:
+            c[f].extend(map(attrgetter(f), args))
+
+
+def _ns_expr(col: str, *, unit_ns: int) -> pl.Expr:
+    """String decimal (µs or ns units) -> int64 ns, exact to the ns, vectorized."""
+    s = pl.col(col).str.strip_chars()
+    parts = s.str.split_exact(".", 1)
+    ipart = parts.struct.field("field_0")
+    frac = parts.struct.field("field_1").fill_null("")
+    neg = ipart.str.starts_with("-")
+    iabs = ipart.str.strip_chars_start("-").cast(pl.Int64, strict=False)
+    digits = 3 if unit_ns == 1000 else 0
+    if digits:
+        f3 = (frac + pl.lit("000")).str.slice(0, 3).cast(pl.Int64, strict=False)
+        rnd = (frac.str.slice(3, 1).fill_null("").replace("", "0").cast(pl.Int64, strict=False) >= 5).cast(pl.Int64)
+        val = iabs * 1000 + f3 + rnd
+    else:
+        rnd = (frac.str.slice(0, 1).replace("", "0").cast(pl.Int64, strict=False) >= 5).cast(pl.Int64)
+        val = iabs + rnd
+    # scientific notation or junk: fall back to float math
+    sci = s.str.contains("[eE]")
+    fallback = (s.cast(pl.Float64, strict=False) * unit_ns).round(0).cast(pl.Int64, strict=False)
+    out = pl.when(sci).then(fallback).otherwise(pl.when(neg).then(-val).otherwise(val))
+    return out
+
+
+def _str_series(vals: list[Any]) -> pl.Series:
+    """Mixed str/int/float/None -> String series (numbers as their literal text)."""
+    try:
+        return pl.Series(vals, dtype=pl.String, strict=False)
+    except (TypeError, pl.exceptions.PolarsError):
+        return pl.Series([v if isinstance(v, str) else (None if v is None else repr(v)) for v in vals], dtype=pl.String)
+
+
+def _to_int(col: str) -> pl.Expr:
+    """Object column of ints/strings -> Int64 (strings parsed, junk -> null)."""
+    return pl.col(col).cast(pl.String, strict=False).cast(pl.Int64, strict=False)
+
+
+def _rank_meta(top: _Top, path: Path) -> dict[str, Any]:
+    di = top.distributedInfo if isinstance(top.distributedInfo, dict) else {}
+    meta: dict[str, Any] = {
+        "source_file": str(path),
+        "format": "kineto",
+        "base_time_ns": int(top.baseTimeNanoseconds) if isinstance(top.baseTimeNanoseconds, (int, float)) else None,
+        "display_time_unit": top.displayTimeUnit,
+        "distributed_info": {k: v for k, v in di.items() if k != "pg_config"} if di else None,
+        "pg_config": di.get("pg_config") if di else None,
+        "rank_from_file": di.get("rank") if isinstance(di.get("rank"), int) else None,
+        "world_size": di.get("world_size") if isinstance(di.get("world_size"), int) else None,
+        "backend": di.get("backend"),
+        "nccl_version": di.get("nccl_version"),
+        "record_shapes": bool(top.record_shapes) if top.record_shapes is not None else None,
+    }
+    if isinstance(top.deviceProperties, list) and top.deviceProperties:
+        meta["device_props"] = top.deviceProperties
+    return meta
+
+
+def read_kineto(path: str | Path, rank: int | None = None, *, exact: bool | None = None) -> tuple[pl.DataFrame, dict[str, Any]]:
+    """Read one Kineto JSON(.gz) file into a raw event frame and rank metadata.
+
+    ``rank``: taken from ``distributedInfo.rank`` when absent; the caller
+    (``discover``) passes the file-name rank as a fallback. Raises
+    :class:`InputError` for unreadable or non-trace input; unknown event
+    categories become a ``quality`` note in the returned metadata.
+
+    Two decoders give identical rows: a fast columnar one (polars NDJSON over
+    each chunk) and an exact one (msgspec structs, timestamps as decimal text).
+    The exact one runs when ``exact`` is true, when shapes were recorded, or
+    when a chunk holds absolute-epoch float timestamps whose sub-µs digits a
+    float64 would round.
+    """
+    p = Path(path)
+    data = _read_bytes(p)
+    if not data.strip():
+        raise InputError(f"{p}: empty file; re-export the trace")
+    try:
+        top = _TOP.decode(data)
+    except msgspec.ValidationError as e:
+        raise InputError(f"{p}: JSON is not a Chrome/Kineto trace ({e}); expected an object with 'traceEvents'") from None
+    except msgspec.DecodeError as e:
+        if data.lstrip()[:1] == b"[":
+            raise InputError(f"{p}: a bare JSON array is not supported; wrap it as {{\"traceEvents\": [...]}}") from None
+        raise InputError(f"{p}: invalid JSON ({e}); the file is corrupt or truncated") from None
+    meta = _rank_meta(top, p)
+    if rank is None:
+        rank = meta["rank_from_file"]
+    quality = QualityLog()
+    raw_events = bytes(top.traceEvents)
+    del data, top
+    if raw_events.strip()[:1] != b"[":
+        raise InputError(f"{p}: 'traceEvents' is not a list; not a Kineto trace")
+    if exact is None:
+        exact = bool(meta.get("record_shapes"))
+    unknown: dict[str, int] = {}
+    frames: list[pl.DataFrame] = []
+    for chunk in _chunks(memoryview(raw_events)):
+        st = None if exact or _EPOCH_FRAC.search(chunk) else _fast_stage(chunk, unknown)
+        if st is None:
+            st = _exact_stage(chunk, p, unknown)
+        if st.height:
+            frames.append(st)
+    del raw_events
+    if unknown:
+        quality.add("unknown_event_kinds", f"{p.name}: skipped events of unknown categories: "
+                    + ", ".join(f"{k} ({v})" for k, v in sorted(unknown.items())), unknown=unknown)
+    meta["quality"] = [q.to_json() for q in quality]
+    stage = pl.concat(frames, how="vertical_relaxed") if frames else _empty_stage()
+    df = _finish(stage, meta)
+    if rank is not None:
+        df = df.with_columns(pl.lit(rank, dtype=pl.Int32).alias("rank"))
+    meta["rank"] = rank
+    return df, meta
+
+
+# ---- stage frames: one row per kept event, strings for times, typed args ----------------------
+
+_EPOCH_FRAC = re.compile(rb'"ts"\s*:\s*-?\d{13,}\.\d')
+_ND_SCHEMA = {
+    "ph": pl.String, "cat": pl.String, "name": pl.String, "pid": pl.String, "tid": pl.String,
+    "ts": pl.String, "dur": pl.String,
+    "args": pl.Struct({
+        "correlation": pl.Int64, "External id": pl.Int64, "device": pl.Int64, "stream": pl.Int64,
+        "grid": pl.List(pl.Int64), "block": pl.List(pl.Int64), "registers per thread": pl.Int64,
+        "shared memory": pl.Int64, "bytes": pl.Int64, "graph id": pl.Int64, "graph node id": pl.Int64,
+        "Collective name": pl.String, "In msg nelems": pl.Int64, "Out msg nelems": pl.Int64,
+        "Group size": pl.Int64, "dtype": pl.String, "Process Group Name": pl.String,
+        "Process Group Description": pl.String, "Process Group Ranks": pl.String, "Seq": pl.Int64,
+    }),
+}
+_STAGE_SCHEMA = {
+    "kind": pl.String, "src": pl.String, "name": pl.String, "pid_s": pl.String, "tid_s": pl.String,
+    "ts_s": pl.String, "dur_s": pl.String, "correlation": pl.Int64, "external_id": pl.Int64,
+    "device": pl.Int64, "stream": pl.Int64, "registers_per_thread": pl.Int64, "shared_mem_bytes": pl.Int64,
+    "bytes": pl.Int64, "graph_id": pl.Int64, "graph_node_id": pl.Int64, "coll_name": pl.String,
+    "coll_in_nelems": pl.Int64, "coll_out_nelems": pl.Int64, "coll_group_size": pl.Int64, "coll_dtype": pl.String,
+    "pg_name": pl.String, "pg_desc": pl.String, "pg_ranks": pl.String, "coll_seq": pl.Int64, "input_dims": pl.String,
+    "input_types": pl.String, "grid_x": pl.Int32, "grid_y": pl.Int32, "grid_z": pl.Int32,
+    "block_x": pl.Int32, "block_y": pl.Int32, "block_z": pl.Int32,
+}
+_ARG_RENAME = {
+    "External id": "external_id", "registers per thread": "registers_per_thread", "shared memory": "shared_mem_bytes",
+    "graph id": "graph_id", "graph node id": "graph_node_id", "Collective name": "coll_name",
+    "In msg nelems": "coll_in_nelems", "Out msg nelems": "coll_out_nelems", "Group size": "coll_group_size",
+    "dtype": "coll_dtype", "Process Group Name": "pg_name", "Process Group Description": "pg_desc",
+    "Process Group Ranks": "pg_ranks", "Seq": "coll_seq",
+}
+
+
+def _empty_stage() -> pl.DataFrame:
+    return pl.DataFrame(schema=_STAGE_SCHEMA)
+
+
+def _count_unknown(cats: pl.Series, unknown: dict[str, int]) -> None:
+    vc = cats.value_counts()
+    for cat, n in vc.iter_rows():
+        key = str(cat)
+        unknown[key] = unknown.get(key, 0) + int(n)
+
+
+def _fast_stage(chunk: bytes, unknown: dict[str, int]) -> pl.DataFrame | None:
+    """Columnar decode of one ``[...]`` chunk; None when the chunk needs the exact path."""
+    nd = _BOUNDARY.sub(b"}\n{", chunk[1:-1].replace(b"\n", b" ").replace(b"\r", b" "))
+    try:
+        ev = pl.read_ndjson(io.BytesIO(nd), schema=_ND_SCHEMA)
+    except Exception:  # noqa: BLE001 - any mismatch: fall back to the exact decoder
+        return None
+    known = list(KINETO_KINDS)
+    is_x = pl.col("ph") == "X"
+    unk = ev.filter(is_x & ~pl.col("cat").is_in(known) & ~pl.col("cat").is_in(list(_SKIP)))
+    if unk.height:
+        _count_unknown(unk.get_column("cat").fill_null("None"), unknown)
+    inst = pl.col("ph").is_in(["i", "I"]) & (pl.col("cat").is_null() | ~pl.col("cat").is_in(list(_SKIP))) & pl.col("ts").is_not_null()
+    ev = ev.filter((is_x & pl.col("cat").is_in(known)) | inst)
+    a = pl.col("args")
+    out = ev.select(
+        pl.when(pl.col("ph") == "X").then(pl.col("cat").replace_strict(KINETO_KINDS, default=None)).otherwise(pl.lit("instant")).alias("kind"),
+        pl.col("cat").alias("src"),
+        pl.col("name").fill_null(""),
+        pl.col("pid").alias("pid_s"),
+        pl.col("tid").alias("tid_s"),
+        pl.col("ts").alias("ts_s"),
+        pl.col("dur").alias("dur_s"),
+        *[a.struct.field(k).alias(_ARG_RENAME.get(k, k)) for k in ("correlation", "External id", "device", "stream",
+          "registers per thread", "shared memory", "bytes", "graph id", "graph node id", "Collective name",
+          "In msg nelems", "Out msg nelems", "Group size", "dtype", "Process Group Name",
+          "Process Group Description", "Process Group Ranks", "Seq")],
+        pl.lit(None, dtype=pl.String).alias("input_dims"),
+        pl.lit(None, dtype=pl.String).alias("input_types"),
+        *[a.struct.field(g).list.get(i, null_on_oob=True).cast(pl.Int32).alias(f"{g}_{x}") for g in ("grid", "block") for i, x in enumerate("xyz")],
+    )
+    return out.select([pl.col(k).cast(t) for k, t in _STAGE_SCHEMA.items()])
+
+
+def _exact_stage(chunk: bytes, path: Path, unknown: dict[str, int]) -> pl.DataFrame:
+    """msgspec decode of one chunk with exact decimal timestamps."""
+    cols = _Cols()
+    for evs in _decode_events(chunk, path, QualityLog()):
+        cols.add(evs, unknown)
+    return _stage_from_cols(cols)
+
+
+def _stage_from_cols(cols: _Cols) -> pl.DataFrame:
+    c = cols.c
+    n = len(c["_kind"])
+    if not n:
+        return _empty_stage()
+
+    def ints(field: str) -> pl.Series:
+        try:
+            return pl.Series(field, c[field], dtype=pl.Int64, strict=False)
+        except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError):
+            return pl.Series(field, [v if isinstance(v, int) and not isinstance(v, bool) and -(1 << 63) <= v < (1 << 63) else None for v in c[field]], dtype=pl.Int64)
+
+    def strs(field: str) -> pl.Series:
+        return _str_series(c[field]).alias(field)
+
+    def dim3(field: str, i: int) -> pl.Series:
+        vals = c[field]
+        out = [v[i] if v.__class__ is list and len(v) > i else None for v in vals]
+        return pl.Series(out, dtype=pl.Int32, strict=False)
+
+    st = pl.DataFrame(
+        [
+            pl.Series("kind", c["_kind"], dtype=pl.String),
+            _str_series(c["cat"]).alias("src"),
+            _str_series(c["name"]).alias("name").fill_null(""),
+            _str_series(c["pid"]).alias("pid_s"),
+            _str_series(c["tid"]).alias("tid_s"),
+            _str_series(c["ts"]).alias("ts_s"),
+            _str_series(c["dur"]).alias("dur_s"),
+            ints("correlation"), ints("external_id"), ints("device"), ints("stream"),
+            ints("registers").alias("registers_per_thread"), ints("shared_memory").alias("shared_mem_bytes"),
+            ints("bytes"), ints("graph_id"), ints("graph_node_id"), strs("coll_name"),
+            ints("in_nelems").alias("coll_in_nelems"), ints("out_nelems").alias("coll_out_nelems"),
+            ints("group_size").alias("coll_group_size"), strs("dtype").alias("coll_dtype"), strs("pg_name"),
+            strs("pg_desc"), strs("pg_ranks"), ints("seq").alias("coll_seq"),
+            pl.Series("input_dims", [_json_or_none(v) for v in c["input_dims"]], dtype=pl.String),
+            pl.Series("input_types", [_json_or_none(v) for v in c["input_type"]], dtype=pl.String),
+            dim3("grid", 0).alias("grid_x"), dim3("grid", 1).alias("grid_y"), dim3("grid", 2).alias("grid_z"),
+            dim3("block", 0).alias("block_x"), dim3("block", 1).alias("block_y"), dim3("block", 2).alias("block_z"),
+        ]
+    )
+    return st.select([pl.col(k).cast(t) for k, t in _STAGE_SCHEMA.items()])
+
+
+def _finish(st: pl.DataFrame, meta: dict[str, Any]) -> pl.DataFrame:
+    """Stage frame -> schema frame: ns times, ints, memcpy kinds."""
+    base = meta.get("base_time_ns") or 0
+    df = st.with_columns(
+        (_ns_expr("ts_s", unit_ns=1000) + pl.lit(base, dtype=pl.Int64)).alias("ts_ns"),
+        _ns_expr("dur_s", unit_ns=1000).fill_null(0).alias("dur_ns"),
+        pl.col("pid_s").cast(pl.Int64, strict=False).alias("pid"),
+        pl.col("tid_s").cast(pl.Int64, strict=False).alias("tid"),
+    )
+    bad_ts = df.filter(pl.col("ts_ns").is_null()).height
+    if bad_ts:
+        meta.setdefault("quality", []).append({"code": "bad_timestamps", "message": f"dropped {bad_ts} events without a numeric ts", "severity": "warning"})
+        df = df.filter(pl.col("ts_ns").is_not_null())
+    neg = df.filter(pl.col("dur_ns") < 0).height
+    if neg:
+        meta.setdefault("quality", []).append({"code": "negative_durations", "message": f"{neg} events had negative durations; clamped to 0", "severity": "warning"})
+        df = df.with_columns(pl.when(pl.col("dur_ns") < 0).then(0).otherwise(pl.col("dur_ns")).alias("dur_ns"))
+    is_mc = pl.col("kind") == "memcpy"
+    df = df.with_columns(
+        pl.when(is_mc).then(pl.col("name").str.extract(r"^Memcpy (\w+)", 1)).otherwise(None).alias("memcpy_kind"),
+        pl.when(is_mc).then(pl.col("name").str.extract(r"\((\w+) ->", 1)).otherwise(None).alias("src_mem"),
+        pl.when(is_mc).then(pl.col("name").str.extract(r"-> (\w+)\)", 1)).otherwise(None).alias("dst_mem"),
+        pl.when(pl.col("kind").is_in(["kernel", "memcpy", "memset", "gpu_range", "sync"])).then(pl.col("device")).otherwise(None).cast(pl.Int32).alias("device"),
+        pl.lit(0, dtype=pl.Int32).alias("rank"),
+    )
+    return conform(df)
