@@ -1,0 +1,296 @@
+"""Longest-path simulation of a :class:`~tracekit.replay.graph.ReplayGraph`.
+
+The graph's edge set is fixed; what-ifs change :class:`SimInputs` (durations,
+collective transfer times, edge weights, the CPU-gap scale, disabled edges).
+:class:`Schedule` holds the topological order and the in-edge lists, computed
+once per graph. Weights are computed vectorized; the only per-vertex loop is
+the max-plus recurrence in :func:`simulate` (no vectorized formulation exists
+for a DAG whose chains couple through syncs and rendezvous; it runs over plain
+Python lists, ~0.3 µs per edge — see ``benchmarks/replay.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+import numpy as np
+import polars as pl
+
+from tracekit._errors import InputError
+from tracekit.replay.graph import (
+    ET_CPU,
+    ET_EVENT,
+    ET_FIFO,
+    ET_LAUNCH,
+    ET_RDV,
+    ET_SYNC_SELF,
+    ET_SYNC_WAIT,
+    NEG,
+    VK_GPU,
+    ReplayGraph,
+)
+from tracekit.schema import CATEGORIES
+
+__all__ = ["SimInputs", "Schedule", "SimResult", "inputs_from_graph", "make_schedule", "simulate",
+           "step_times", "critical_path_breakdown", "HOST_BUCKETS"]
+
+#: Critical-path buckets besides the GPU categories.
+HOST_BUCKETS = ("cpu", "launch", "queue", "sync")
+
+
+@dataclass
+class SimInputs:
+    """What a what-if may change. Arrays are private copies (see :func:`inputs_from_graph`)."""
+
+    vdur: np.ndarray
+    inst_transfer: np.ndarray
+    efix: np.ndarray
+    egap: np.ndarray
+    enabled: np.ndarray
+    gap_scale: float = 1.0
+
+    def copy(self) -> "SimInputs":
+        return replace(self, vdur=self.vdur.copy(), inst_transfer=self.inst_transfer.copy(), efix=self.efix.copy(),
+                       egap=self.egap.copy(), enabled=self.enabled.copy())
+
+
+def inputs_from_graph(g: ReplayGraph, gap_scale: float = 1.0) -> SimInputs:
+    return SimInputs(g.vdur.copy(), g.inst_transfer.copy(), g.efix.copy(), g.egap.copy(),
+                     np.ones(g.n_edges, bool), gap_scale)
+
+
+@dataclass
+class Schedule:
+    """Topological order and CSR in-edge lists (by position in the order)."""
+
+    order: np.ndarray  # vertex id at each position
+    pos: np.ndarray  # position of each vertex
+    edge_perm: np.ndarray  # edges sorted by destination position
+    ptr: list[int]
+    src_pos: list[int]
+
+
+def make_schedule(g: ReplayGraph, max_passes: int = 64) -> Schedule:
+    """Order vertices by observed time, repairing ties/skew so every edge points forward.
+
+    Raises :class:`InputError` if the graph has a cycle (inconsistent trace).
+    """
+    n = g.n_vertices
+    prio = np.array([2, 5, 3, 4, 1, 0], np.int64)[g.vkind]
+    base_order = np.lexsort((np.arange(n), prio, g.vobs))
+    rank0 = np.empty(n, np.int64)
+    rank0[base_order] = np.arange(n)
+    key = rank0.copy()
+    src, dst = g.esrc, g.edst
+    for _ in range(max_passes):
+        bad = key[src] >= key[dst]
+        if not bad.any():
+            break
+        np.maximum.at(key, dst[bad], key[src[bad]] + 1)
+    else:
+        key = _kahn(n, src, dst, rank0)
+    order = np.lexsort((rank0, key))
+    pos = np.empty(n, np.int64)
+    pos[order] = np.arange(n)
+    if (pos[src] >= pos[dst]).any():
+        key = _kahn(n, src, dst, rank0)
+        order = np.argsort(key, kind="stable")
+        pos[order] = np.arange(n)
+    dpos = pos[dst]
+    perm = np.argsort(dpos, kind="stable")
+    counts = np.bincount(dpos, minlength=n)
+    ptr = np.concatenate([[0], np.cumsum(counts)])
+    return Schedule(order=order, pos=pos, edge_perm=perm, ptr=ptr.tolist(), src_pos=pos[src][perm].tolist())
+
+
+def _kahn(n: int, src: np.ndarray, dst: np.ndarray, tiebreak: np.ndarray) -> np.ndarray:
+    """Topological positions by Kahn's algorithm (fallback; Python loop)."""
+    import heapq
+
+    indeg = np.bincount(dst, minlength=n).tolist()
+    perm = np.argsort(src, kind="stable")
+    s_ptr = np.concatenate([[0], np.cumsum(np.bincount(src, minlength=n))]).tolist()
+    out_dst = dst[perm].tolist()
+    tb = tiebreak.tolist()
+    heap = [(tb[v], v) for v in range(n) if indeg[v] == 0]
+    heapq.heapify(heap)
+    key = np.empty(n, np.int64)
+    i = 0
+    while heap:
+        _, v = heapq.heappop(heap)
+        key[v] = i
+        i += 1
+        for e in range(s_ptr[v], s_ptr[v + 1]):
+            d = out_dst[e]
+            indeg[d] -= 1
+            if indeg[d] == 0:
+                heapq.heappush(heap, (tb[d], d))
+    if i != n:
+        raise InputError("replay graph has a dependency cycle (inconsistent timestamps or correlations); "
+                         "re-convert the trace or report it")
+    return key
+
+
+def edge_weights(g: ReplayGraph, inp: SimInputs) -> np.ndarray:
+    """Effective weight of every edge (int ns); NEG for disabled edges."""
+    w = inp.efix + np.rint(inp.egap * inp.gap_scale).astype(np.int64)
+    w = w + np.where(g.efrom_end, inp.vdur[g.esrc], 0)
+    rdv = g.etype == ET_RDV
+    if rdv.any():
+        w[rdv] = inp.inst_transfer[g.vinst[g.edst[rdv]]]
+    w[~inp.enabled] = NEG
+    return w
+
+
+@dataclass
+class SimResult:
+    t: np.ndarray  # simulated start time per vertex (int ns, relative to graph origin)
+    w: np.ndarray  # effective edge weights used
+    inputs: SimInputs
+
+
+def simulate(g: ReplayGraph, inp: SimInputs, sched: Schedule) -> SimResult:
+    """Longest path: t[v] = max(base[v], max over in-edges (t[src] + w))."""
+    w = edge_weights(g, inp)
+    wl = w[sched.edge_perm].tolist()
+    src = sched.src_pos
+    ptr = sched.ptr
+    base = g.vbase[sched.order].tolist()
+    t = base  # filled in place, by position
+    n = len(t)
+    lo = 0
+    for v in range(n):
+        hi = ptr[v + 1]
+        best = t[v]
+        for e in range(lo, hi):
+            x = t[src[e]] + wl[e]
+            if x > best:
+                best = x
+        t[v] = best
+        lo = hi
+    tp = np.asarray(t, dtype=np.int64)
+    out = np.empty(n, np.int64)
+    out[sched.order] = tp
+    return SimResult(out, w, inp)
+
+
+def _op_end(g: ReplayGraph, t: np.ndarray, dur: np.ndarray) -> np.ndarray:
+    """End time of every GPU op (rendezvous time for collectives)."""
+    vid = g.ops.get_column("vid").to_numpy()
+    inst = g.ops.get_column("inst").to_numpy()
+    end = t[vid] + dur[vid]
+    coll = inst >= 0
+    end[coll] = t[g.inst_rdv[inst[coll]]]
+    return end
+
+
+def step_times(g: ReplayGraph, t: np.ndarray | None, dur: np.ndarray | None = None) -> pl.DataFrame:
+    """Per (rank, step): start, completion (max of the end marker and the step's GPU op ends) and duration.
+
+    With ``t=None`` the observed times are used (GPU op ends as recorded).
+    """
+    if g.steps.height == 0:
+        return pl.DataFrame(schema={"rank": pl.Int32, "step_ord": pl.Int64, "start": pl.Int64, "end": pl.Int64,
+                                    "dur_ns": pl.Int64, "end_vid": pl.Int64})
+    if t is None:
+        tt = g.vobs
+        vid = g.ops.get_column("vid").to_numpy()
+        ends = g.vobs[vid] + g.vdur[vid]
+    else:
+        tt = t
+        ends = _op_end(g, t, g.vdur if dur is None else dur)
+    ops = pl.DataFrame({"rank": g.ops.get_column("rank"), "step_ord": g.ops.get_column("step_ord"),
+                        "end": ends, "vid": g.ops.get_column("vid")})
+    last = (ops.filter(pl.col("step_ord") >= 0).sort("end")
+            .group_by(["rank", "step_ord"]).agg(pl.col("end").last().alias("gpu_end"), pl.col("vid").last()))
+    st = g.steps.select("rank", "step_ord", "step_id", "tokens", "start_vid", "end_vid")
+    st = st.with_columns(pl.Series("start", tt[st.get_column("start_vid").to_numpy()]),
+                         pl.Series("marker_end", tt[st.get_column("end_vid").to_numpy()]))
+    st = st.join(last, on=["rank", "step_ord"], how="left")
+    st = st.with_columns(
+        pl.max_horizontal("marker_end", pl.col("gpu_end").fill_null(NEG)).alias("end"),
+        pl.when(pl.col("gpu_end").fill_null(NEG) > pl.col("marker_end")).then(pl.col("vid"))
+        .otherwise(pl.col("end_vid")).alias("end_vertex"),
+        (pl.col("gpu_end").fill_null(NEG) > pl.col("marker_end")).alias("_gpu_last"),
+    ).with_columns((pl.col("end") - pl.col("start")).alias("dur_ns"))
+    return st.select("rank", "step_ord", "step_id", "tokens", "start", "end", "dur_ns", "end_vertex", "_gpu_last")
+
+
+def critical_path_breakdown(g: ReplayGraph, res: SimResult, steps: pl.DataFrame,
+                            max_steps: int = 64) -> dict[str, float]:
+    """Mean per step of the critical path's time by bucket (GPU categories + cpu/launch/queue/sync).
+
+    For each step (on the rank whose step ends last; at most ``max_steps`` evenly
+    spaced steps) the path is followed backwards over tight edges from the step's
+    completion to its start marker; each edge's weight goes to the bucket of its
+    kind (an op's own duration to its category, a rendezvous to communication).
+    """
+    buckets = {c: 0.0 for c in (*CATEGORIES, *HOST_BUCKETS)}
+    if steps.height == 0:
+        return buckets
+    t, w = res.t, res.w
+    src, dst = g.esrc, g.edst
+    tight = np.flatnonzero((w > NEG // 2) & (t[src] + w == t[dst]))
+    # one binding in-edge per vertex (the latest-listed tight edge)
+    pred = np.full(g.n_vertices, -1, np.int64)
+    pred[dst[tight]] = tight
+    dur = res.inputs.vdur
+    cats = list(CATEGORIES)
+    etype = g.etype
+    vkind, vcat = g.vkind, g.vcat
+    efrom = g.efrom_end
+    # choose, per step ordinal, the rank whose step ended last
+    sel = steps.sort("end").group_by("step_ord", maintain_order=True).agg(pl.all().last()).sort("step_ord")
+    if sel.height > max_steps:
+        idx = np.linspace(0, sel.height - 1, max_steps).astype(int)
+        sel = sel[idx]
+    start_vid = g.steps.join(sel.select("rank", "step_ord"), on=["rank", "step_ord"]).sort("step_ord")
+    starts = dict(zip(start_vid.get_column("step_ord").to_list(), start_vid.get_column("start_vid").to_list()))
+    n = 0
+    for so, endv, gpu_last in zip(sel.get_column("step_ord").to_list(), sel.get_column("end_vertex").to_list(),
+                                  sel.get_column("_gpu_last").to_list()):
+        sv = starts.get(so)
+        if sv is None:
+            continue
+        t0 = int(t[sv])
+        v = int(endv)
+        n += 1
+        if gpu_last:  # the step completes with a GPU op's end
+            if g.vinst[v] >= 0 and vkind[v] == VK_GPU:
+                v = int(g.inst_rdv[g.vinst[v]])
+            else:
+                buckets[cats[vcat[v]]] += float(dur[v])
+        guard = 0
+        while v != sv and t[v] > t0 and guard < 10_000_000:
+            guard += 1
+            e = pred[v]
+            if e < 0:
+                break
+            u = int(src[e])
+            we = float(w[e])
+            if t[u] < t0:  # clip the part before the step start
+                we = float(t[v] - t0)
+            own = float(dur[u]) if efrom[e] else 0.0
+            own = min(own, we)
+            et = etype[e]
+            if own:
+                if vkind[u] == VK_GPU:
+                    buckets[cats[vcat[u]]] += own
+                else:
+                    buckets["cpu"] += own
+            rest = we - own
+            if et == ET_RDV:
+                buckets["communication"] += rest
+            elif et in (ET_CPU, ET_SYNC_SELF):
+                buckets["cpu"] += rest
+            elif et == ET_LAUNCH:
+                buckets["launch"] += rest
+            elif et in (ET_FIFO, ET_EVENT):
+                buckets["queue"] += rest
+            elif et == ET_SYNC_WAIT:
+                buckets["sync"] += rest
+            v = u
+    if n:
+        for k in buckets:
+            buckets[k] /= n
+    return buckets
+
