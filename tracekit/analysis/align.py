@@ -6,7 +6,8 @@ of each other on every rank (kernel_families.md), so each rank's residual offset
 is the median, over matched instances, of (instance mean end − own end). The
 offsets are solved iteratively (any connected set of groups), anchored so the
 lowest rank keeps offset 0, and applied only when they shrink the median end
-spread. ``residual_ns`` is the 90th percentile of the per-instance end spread
+spread to ≤ 50 µs or by at least half (otherwise end times do not agree and the
+collectives cannot serve as a clock reference). ``residual_ns`` is the 90th percentile of the per-instance end spread
 after alignment; a ``clock_residual_high`` flag is raised above 50 µs.
 """
 
@@ -111,7 +112,10 @@ def align_clocks(
     before50 = _spread(ends, {r: 0.0 for r in ranks}, 0.5)
     after50 = _spread(ends, {r: float(v) for r, v in offsets.items()}, 0.5)
     before90 = _spread(ends, {r: 0.0 for r in ranks}, 0.9)
-    applied = after50 is not None and before50 is not None and after50 < before50 and any(offsets.values())
+    applied = (
+        after50 is not None and before50 is not None and any(offsets.values()) and after50 < before50
+        and (after50 <= RESIDUAL_WARN_NS or after50 <= 0.5 * before50)
+    )
     if not applied:
         offsets = zero
     res90 = _spread(ends, {r: float(v) for r, v in offsets.items()}, 0.9)

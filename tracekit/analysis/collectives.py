@@ -15,7 +15,8 @@ end within microseconds of each other); the shift and the count mismatch become
 quality flags, never an exception.
 
 Per (instance, rank): ``arrival_ns`` = kernel start, ``wait_ns`` = min(last
-arrival − own arrival, own duration), ``transfer_ns`` = min duration over the
+arrival − own arrival, own duration − transfer) ≥ 0 (so wait + transfer never
+exceeds the kernel), ``transfer_ns`` = min duration over the
 instance's ranks, ``late_rank`` = the last to arrive, ``bus_bw_bytes_per_s`` by
 the nccl-tests convention.
 """
@@ -202,7 +203,7 @@ def match_collectives(df: pl.DataFrame) -> pl.DataFrame:
         (pl.col("bytes").drop_nulls().n_unique().over(key) > 1).alias("_mm_bytes"),
         pl.coalesce(pl.col("coll_group_size").cast(pl.Int64), pl.col("_pgn"), pl.col("_seen").cast(pl.Int64)).alias("group_size"),
     )
-    wait = pl.min_horizontal(pl.col("_last") - pl.col("ts_ns"), pl.col("dur_ns")).clip(lower_bound=0)
+    wait = pl.min_horizontal(pl.col("_last") - pl.col("ts_ns"), pl.col("dur_ns") - pl.col("transfer_ns")).clip(lower_bound=0)
     factor = _busbw_factor(pl.col("group_size"))
     busbw = pl.when(pl.col("transfer_ns") > 0).then(
         pl.col("bytes").cast(pl.Float64) / (pl.col("transfer_ns").cast(pl.Float64) * 1e-9) * factor

@@ -1,0 +1,174 @@
+"""Kernel efficiency: achieved FLOP/s and bytes/s of GEMM-like ops with known shapes.
+
+Shapes come from ``record_shapes`` (``input_dims``/``input_types`` of ``cpu_op`` rows).
+A GPU kernel is joined to the op that launched it: the innermost GEMM-like
+``cpu_op`` whose CPU range contains the kernel's launch call (``launch_ts_ns``) on
+the same rank and thread (``launch_tid``) — this works whether or not the source
+links external ids. All kernels of one op instance
+(e.g. GEMM + split-K reduce) share its FLOPs: ``achieved = flops / Σ kernel time``.
+
+FLOPs (2 per multiply-add): ``mm``/``addmm``/``_scaled_mm`` [M,K]×[K,N] → 2MKN;
+``bmm``/``baddbmm`` → 2BMKN; ``linear`` [..., K]×[N, K]ᵀ → 2·rows·K·N; grouped MoE
+GEMMs (``_grouped_mm``) [T,K]×[E,K,N] → 2TKN. Bytes = operands + result at the
+operand dtype's size (a lower bound of DRAM traffic). Roofline ceiling =
+min(peak FLOP/s of the dtype, arithmetic intensity × HBM bandwidth) from
+:mod:`tracekit.analysis.gpus`; ``efficiency`` = achieved / ceiling. MoE GEMMs below
+``flag_below`` of their ceiling are flagged as likely untuned.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Mapping
+
+import polars as pl
+
+from tracekit.analysis import intervals as iv
+from tracekit.analysis.gpus import GpuPeaks, gpu_peaks, peak_flops_per_s, rank_gpu_info
+
+__all__ = ["kernel_efficiency", "gemm_flops_bytes", "GEMM_OPS"]
+
+GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "aten::matmul",
+            "aten::_scaled_mm", "aten::_grouped_mm", "aten::grouped_mm", "aten::_scaled_grouped_mm")
+
+_ES = {"float": 4, "float32": 4, "double": 8, "c10::bfloat16": 2, "bfloat16": 2, "c10::half": 2, "half": 2,
+       "float16": 2, "c10::float8_e4m3fn": 1, "float8_e4m3fn": 1, "c10::float8_e5m2": 1, "float8_e5m2": 1}
+
+
+def _prod(xs: list[int]) -> int:
+    return int(math.prod(xs)) if xs else 1
+
+
+def gemm_flops_bytes(op: str, dims_json: str | None, types_json: str | None) -> tuple[float, float, str] | None:
+    """(flops, bytes, dtype) of one GEMM-like op from its record_shapes strings; None when unknown."""
+    try:
+        dims = json.loads(dims_json or "null")
+        types = json.loads(types_json or "null") or []
+    except ValueError:
+        return None
+    if not isinstance(dims, list):
+        return None
+    shapes = [d for d in dims if isinstance(d, list)]
+    dtype = next((t for t in types if isinstance(t, str) and t and t != "Scalar"), "float")
+    es = _ES.get(dtype.lower(), 2)
+    try:
+        if op in ("aten::mm", "aten::_scaled_mm") or (op == "aten::matmul" and len(shapes[0]) == 2 and len(shapes[1]) == 2):
+            (m, k), (k2, n) = shapes[0], shapes[1]
+            flops, elems = 2.0 * m * k * n, m * k + k * n + m * n
+        elif op == "aten::addmm":
+            (m, k), (k2, n) = shapes[1], shapes[2]
+            flops, elems = 2.0 * m * k * n, m * k + k * n + 2 * m * n
+        elif op in ("aten::bmm", "aten::baddbmm") or (op == "aten::matmul" and len(shapes[0]) == 3 and len(shapes[1]) == 3):
+            a, b = (shapes[1], shapes[2]) if op == "aten::baddbmm" else (shapes[0], shapes[1])
+            bb, m, k = a
+            n = b[2]
+            flops, elems = 2.0 * bb * m * k * n, bb * (m * k + k * n + m * n)
+        elif op in ("aten::linear", "aten::matmul"):
+            x, w = shapes[0], shapes[1]
+            k = x[-1]
+            rows = _prod(x[:-1])
+            n = w[0] if op == "aten::linear" else w[-1]
+            flops, elems = 2.0 * rows * k * n, rows * k + k * n + rows * n
+        elif op in ("aten::_grouped_mm", "aten::grouped_mm", "aten::_scaled_grouped_mm"):
+            x, w = shapes[0], shapes[1]
+            t, k = x[-2], x[-1]
+            e = w[0] if len(w) == 3 else 1
+            n = w[-1] if w[-2] == k else w[-2]
+            flops, elems = 2.0 * t * k * n, t * k + e * k * n + t * n
+        else:
+            return None
+    except (IndexError, TypeError, ValueError):
+        return None
+    if flops <= 0:
+        return None
+    return float(flops), float(elems * es), dtype
+
+
+def _peaks_for(meta: Mapping[str, Any] | None, rank: int, gpu_name: str | None) -> GpuPeaks | None:
+    if gpu_name:
+        return gpu_peaks(gpu_name)
+    p = rank_gpu_info(meta, rank)["peaks"]
+    if p is None and meta:
+        p = gpu_peaks(meta.get("device_name"))
+    return p
+
+
+def kernel_efficiency(
+    df: pl.DataFrame,
+    meta: Mapping[str, Any] | None = None,
+    *,
+    gpu_name: str | None = None,
+    flag_below: float = 0.3,
+) -> pl.DataFrame:
+    """Per (rank, op, shape, kernel): count, gpu_ns, achieved TFLOP/s and GB/s, roofline ceiling,
+    efficiency, ``flag`` (``moe_untuned`` / ``low_efficiency`` / null). Empty frame without shapes."""
+    kind = pl.col("kind").cast(pl.String)
+    ops = df.filter((kind == "cpu_op") & pl.col("input_dims").is_not_null() & pl.col("name").cast(pl.String).is_in(list(GEMM_OPS)))
+    if ops.height == 0:
+        return pl.DataFrame()
+    ops = ops.select(
+        pl.col("rank").cast(pl.Int64), "tid", pl.col("ts_ns").alias("start"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("end"),
+        pl.col("name").cast(pl.String).alias("op"), "input_dims", "input_types",
+    ).with_row_index("op_id")
+    # shape → flops, bytes (once per unique signature, not per event)
+    sig = ops.select("op", "input_dims", "input_types").unique()
+    vals = [gemm_flops_bytes(o, d, t) for o, d, t in sig.iter_rows()]
+    sig = sig.with_columns(
+        pl.Series("flops", [v[0] if v else None for v in vals], dtype=pl.Float64),
+        pl.Series("bytes_", [v[1] if v else None for v in vals], dtype=pl.Float64),
+        pl.Series("dtype", [v[2] if v else None for v in vals], dtype=pl.String),
+    )
+    ops = ops.join(sig, on=["op", "input_dims", "input_types"], how="left", nulls_equal=True).filter(pl.col("flops").is_not_null())
+    # kernel → innermost GEMM op whose CPU range contains the kernel's launch call (same rank and thread)
+    ker = df.filter((kind == "kernel") & pl.col("launch_ts_ns").is_not_null()).select(
+        pl.col("rank").cast(pl.Int64), pl.col("launch_tid").alias("tid"), "launch_ts_ns", "dur_ns",
+        pl.col("name").cast(pl.String).alias("kernel"), pl.col("category").cast(pl.String),
+    )
+    j = iv.covered_by(ker, ops.select("rank", "tid", "start", "end", "op_id"), by=["rank", "tid"], at="launch_ts_ns", payload=["op_id"])
+    j = j.filter(pl.col("op_id").is_not_null()).join(ops.drop(["rank", "tid", "start", "end"]), on="op_id", how="inner")
+    if j.height == 0:
+        return pl.DataFrame()
+    inst = j.group_by(["rank", "op_id"]).agg(
+        pl.col("op").first(), pl.col("input_dims").first(), pl.col("dtype").first(), pl.col("flops").first(),
+        pl.col("bytes_").first(), pl.col("dur_ns").sum().alias("gpu_ns"),
+        pl.col("kernel").sort_by("dur_ns").last(), pl.col("category").sort_by("dur_ns").last(),
+    ).filter(pl.col("gpu_ns") > 0)
+    agg = inst.group_by(["rank", "op", "input_dims", "dtype", "kernel", "category"]).agg(
+        pl.len().alias("count"), pl.col("gpu_ns").sum(), pl.col("flops").sum().alias("_f"), pl.col("bytes_").sum().alias("_b"),
+        pl.col("flops").first().alias("flops_each"), pl.col("bytes_").first().alias("bytes_each"),
+    ).with_columns(
+        (pl.col("_f") / (pl.col("gpu_ns") * 1e-9)).alias("flops_per_s"),
+        (pl.col("_b") / (pl.col("gpu_ns") * 1e-9)).alias("bytes_per_s"),
+    )
+    # ceilings (tiny table: rank × dtype)
+    keys = agg.select("rank", "dtype").unique()
+    ceil_rows = []
+    for r, dt in keys.iter_rows():
+        p = _peaks_for(meta, int(r), gpu_name)
+        ceil_rows.append({"rank": r, "dtype": dt, "peak_flops_per_s": peak_flops_per_s(p, dt) if p else None,
+                          "tf32_flops_per_s": p.bf16_flops / 2 if p else None,
+                          "peak_bytes_per_s": p.hbm_bytes_per_s if p else None})
+    ceil = pl.DataFrame(ceil_rows, schema={"rank": pl.Int64, "dtype": pl.String, "peak_flops_per_s": pl.Float64,
+                                           "tf32_flops_per_s": pl.Float64, "peak_bytes_per_s": pl.Float64})
+    ai = pl.col("flops_each") / pl.col("bytes_each")
+    # fp32 GEMMs running on tensor cores (TF32) get the TF32 ceiling (half the 16-bit peak)
+    tf32 = pl.col("dtype").str.to_lowercase().is_in(["float", "float32"]) & pl.col("kernel").str.contains(r"(?i)tensorop|tf32|xmma|wgmma|nvjet|s1688|s16816")
+    out = agg.join(ceil, on=["rank", "dtype"], how="left", nulls_equal=True).with_columns(
+        pl.when(tf32).then(pl.col("tf32_flops_per_s")).otherwise(pl.col("peak_flops_per_s")).alias("peak_flops_per_s")
+    ).with_columns(
+        pl.min_horizontal(pl.col("peak_flops_per_s"), ai * pl.col("peak_bytes_per_s")).alias("ceiling_flops_per_s"),
+        ai.alias("flops_per_byte"),
+    ).with_columns((pl.col("flops_per_s") / pl.col("ceiling_flops_per_s")).alias("efficiency"))
+    is_moe = (pl.col("category") == "moe_gemm") | pl.col("op").str.contains("grouped_mm")
+    flag = (
+        pl.when(pl.col("efficiency").is_null()).then(None)
+        .when(is_moe & (pl.col("efficiency") < flag_below)).then(pl.lit("moe_untuned"))
+        .when(pl.col("efficiency") < flag_below).then(pl.lit("low_efficiency"))
+        .otherwise(None)
+    )
+    return out.with_columns(flag.alias("flag"), (pl.col("flops_per_s") / 1e12).alias("tflops_per_s"),
+                            (pl.col("bytes_per_s") / 1e9).alias("gb_per_s")).select(
+        "rank", "op", "input_dims", "dtype", "kernel", "category", "count", "gpu_ns", "tflops_per_s", "gb_per_s",
+        "flops_per_byte", "peak_flops_per_s", "ceiling_flops_per_s", "efficiency", "flag",
+    ).sort("gpu_ns", descending=True)

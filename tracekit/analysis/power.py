@@ -1,0 +1,150 @@
+"""Power and utilization verdicts from telemetry counters (``power_w``, ``sm_active_pct``).
+
+Per rank, inside its window (first → last GPU op): busy fraction (union of GPU ops
+/ window), mean power over samples taken while the GPU was busy, that power as a
+fraction of the power limit (metadata, else the GPU table), mean SM activity.
+Verdict, first match wins:
+
+* ``busy ≥ busy_frac`` and power < ``low_power_frac`` × limit → latency-bound or spin-waiting;
+* power ≥ ``high_power_frac`` × limit → power-bound;
+* ``busy < busy_frac`` → GPU mostly idle: host/launch-bound;
+* otherwise → busy at moderate power.
+
+Spin-waits: collective kernels ≥ ``spin_min_ns`` whose in-kernel mean power is
+< ``low_power_frac`` × limit (spinning on peer flags draws little power while
+counting as "utilized").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import polars as pl
+
+from tracekit.analysis import intervals as iv
+from tracekit.analysis.collectives import collective_ops
+from tracekit.analysis.gaps import gpu_ops
+from tracekit.analysis.gpus import rank_gpu_info
+
+__all__ = ["PowerResult", "power_verdicts"]
+
+
+@dataclass
+class PowerResult:
+    """``per_rank`` (rank, busy_frac, power_busy_w, power_mean_w, power_limit_w, power_frac, sm_active_pct,
+    samples, verdict_code, verdict); ``spin_waits`` (rank, start_ns, dur_ns, name, power_w, power_frac)."""
+
+    per_rank: pl.DataFrame
+    spin_waits: pl.DataFrame
+    verdicts: list[str] = field(default_factory=list)
+    has_counters: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "has_counters": self.has_counters,
+            "per_rank": self.per_rank.to_dicts(),
+            "spin_waits": {"count": self.spin_waits.height, "total_ns": int(self.spin_waits["dur_ns"].sum() or 0),
+                           "largest": self.spin_waits.sort("dur_ns", descending=True).head(10).to_dicts()},
+            "verdicts": list(self.verdicts),
+        }
+
+
+def _samples(df: pl.DataFrame, name: str) -> pl.DataFrame:
+    return df.filter((pl.col("kind").cast(pl.String) == "counter") & (pl.col("name").cast(pl.String) == name)).select(
+        pl.col("rank").cast(pl.Int64), pl.col("ts_ns").alias("ts"), "value"
+    )
+
+
+def power_verdicts(
+    df: pl.DataFrame,
+    meta: Mapping[str, Any] | None = None,
+    *,
+    low_power_frac: float = 0.35,
+    high_power_frac: float = 0.9,
+    busy_frac: float = 0.5,
+    spin_min_ns: int = 1_000_000,
+) -> PowerResult:
+    """Verdicts per rank (module doc); ``has_counters`` False and empty frames when no ``power_w`` samples."""
+    pw = _samples(df, "power_w")
+    sm = _samples(df, "sm_active_pct")
+    empty_spin = pl.DataFrame(schema={"rank": pl.Int64, "start_ns": pl.Int64, "dur_ns": pl.Int64, "name": pl.String,
+                                      "power_w": pl.Float64, "power_frac": pl.Float64})
+    if pw.height == 0:
+        return PowerResult(pl.DataFrame(), empty_spin, [], False)
+    ops = gpu_ops(df).select("rank", "start", "end")
+    win = ops.group_by("rank").agg(pl.col("start").min().alias("lo"), pl.col("end").max().alias("hi"))
+    busy = iv.merge(ops, by="rank")
+    busy_len = busy.group_by("rank").agg((pl.col("end") - pl.col("start")).sum().alias("busy"))
+    ranks = sorted(set(pw["rank"].to_list()))
+    lim = pl.DataFrame({"rank": ranks, "power_limit_w": [rank_gpu_info(meta, r)["power_limit_w"] for r in ranks]},
+                       schema={"rank": pl.Int64, "power_limit_w": pl.Float64})
+    pw_w = pw.join(win, on="rank", how="left").filter(
+        pl.col("lo").is_null() | ((pl.col("ts") >= pl.col("lo")) & (pl.col("ts") < pl.col("hi")))
+    ).drop(["lo", "hi"])
+    inb = iv.covered_by(pw_w, busy.with_columns(pl.lit(True).alias("in_busy")), by="rank", at="ts", payload=["in_busy"])
+    agg = inb.group_by("rank").agg(
+        pl.col("value").filter(pl.col("in_busy").fill_null(False)).mean().alias("power_busy_w"),
+        pl.col("value").mean().alias("power_mean_w"),
+        pl.len().alias("samples"),
+    )
+    smm = sm.join(win, on="rank", how="left").filter(
+        pl.col("lo").is_null() | ((pl.col("ts") >= pl.col("lo")) & (pl.col("ts") < pl.col("hi")))
+    ).group_by("rank").agg(pl.col("value").mean().alias("sm_active_pct"))
+    per = (
+        agg.join(lim, on="rank", how="left").join(win, on="rank", how="left").join(busy_len, on="rank", how="left")
+        .join(smm, on="rank", how="left")
+        .with_columns(
+            (pl.col("busy") / (pl.col("hi") - pl.col("lo")).cast(pl.Float64)).alias("busy_frac"),
+            (pl.coalesce("power_busy_w", "power_mean_w") / pl.col("power_limit_w")).alias("power_frac"),
+        )
+    )
+    pct = (pl.col("power_frac") * 100).round(0).cast(pl.Int64).cast(pl.String)
+    bpct = (pl.col("busy_frac") * 100).round(0).cast(pl.Int64).cast(pl.String)
+    code = (
+        pl.when(pl.col("power_frac").is_null() | pl.col("busy_frac").is_null()).then(pl.lit("unknown"))
+        .when((pl.col("busy_frac") >= busy_frac) & (pl.col("power_frac") < low_power_frac)).then(pl.lit("latency_or_spin"))
+        .when(pl.col("power_frac") >= high_power_frac).then(pl.lit("power_bound"))
+        .when(pl.col("busy_frac") < busy_frac).then(pl.lit("mostly_idle"))
+        .otherwise(pl.lit("busy_moderate_power"))
+    )
+    text = (
+        pl.when(pl.col("verdict_code") == "latency_or_spin").then(
+            pl.lit("GPU at ") + pct + pl.lit("% of its power limit while ") + bpct
+            + pl.lit("% busy: kernels are latency-bound or spin-waiting"))
+        .when(pl.col("verdict_code") == "power_bound").then(
+            pl.lit("GPU at ") + pct + pl.lit("% of its power limit: power-bound, clocks may throttle"))
+        .when(pl.col("verdict_code") == "mostly_idle").then(
+            pl.lit("GPU busy only ") + bpct + pl.lit("% of the time (at ") + pct
+            + pl.lit("% of its power limit): host- or launch-bound"))
+        .when(pl.col("verdict_code") == "busy_moderate_power").then(
+            pl.lit("GPU ") + bpct + pl.lit("% busy at ") + pct + pl.lit("% of its power limit"))
+        .otherwise(pl.lit("power limit or GPU activity unknown"))
+    )
+    per = per.with_columns(code.alias("verdict_code")).with_columns(
+        (pl.lit("rank ") + pl.col("rank").cast(pl.String) + pl.lit(": ") + text).alias("verdict")
+    ).select("rank", "busy_frac", "power_busy_w", "power_mean_w", "power_limit_w", "power_frac", "sm_active_pct",
+             "samples", "verdict_code", "verdict").sort("rank")
+    # spin-waits: long collective kernels at low power
+    coll = collective_ops(df).filter(pl.col("dur_ns") >= spin_min_ns).select(
+        pl.col("rank").cast(pl.Int64), pl.col("ts_ns").alias("start"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("end"),
+        pl.col("name").cast(pl.String).alias("name"),
+    ).with_row_index("_k")
+    spin = empty_spin
+    if coll.height:
+        inside = iv.covered_by(pw, coll, by="rank", at="ts", payload=["_k"]).filter(pl.col("_k").is_not_null())
+        kp = inside.group_by("_k").agg(pl.col("value").mean().alias("power_w"))
+        spin = (
+            coll.join(kp, on="_k", how="inner").join(lim, on="rank", how="left")
+            .with_columns((pl.col("power_w") / pl.col("power_limit_w")).alias("power_frac"))
+            .filter(pl.col("power_frac") < low_power_frac)
+            .select("rank", pl.col("start").alias("start_ns"), (pl.col("end") - pl.col("start")).alias("dur_ns"), "name", "power_w", "power_frac")
+            .sort(["rank", "start_ns"])
+        )
+    verdicts = per.filter(pl.col("verdict_code") != "unknown")["verdict"].to_list()
+    if spin.height:
+        verdicts.append(
+            f"{spin.height} collective kernel(s) ≥ {spin_min_ns / 1e6:g} ms ran at < {low_power_frac:.0%} of the power limit "
+            f"({spin['dur_ns'].sum() / 1e6:.1f} ms in total): spin-waiting on peers, not transferring"
+        )
+    return PowerResult(per, spin, verdicts, True)
