@@ -1,0 +1,52 @@
+"""`tracekit analyze`: where GPU time goes, who waits for whom, per-step statistics."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from tracekit.commands._common import handle_errors
+
+__all__ = ["register"]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("analyze")
+    @handle_errors
+    def analyze_cmd(
+        trace: Path = typer.Argument(..., help="trace.parquet written by `tracekit capture` or `tracekit convert`."),
+        as_json: bool = typer.Option(False, "--json", help="Print the stable JSON object (docs/analyze_json.md)."),
+        window: Optional[str] = typer.Option(None, "--window", help="Time range relative to capture start, e.g. 12.30s:12.45s."),
+        skip_steps: int = typer.Option(0, "--skip-steps", help="Ignore the first N profiled steps."),
+        no_trim: bool = typer.Option(False, "--no-trim", help="Keep the profiler-start transient."),
+        top: int = typer.Option(5, "--top", help="Kernels listed per category."),
+        html: Optional[Path] = typer.Option(None, "--html", help="Also write the timeline HTML to this file."),
+        force: bool = typer.Option(False, "--force", help="Overwrite --html output."),
+    ) -> None:
+        """Analyze a trace: exclusive time split per rank, top kernels, collectives, stalls, idle causes, PCIe, power, steps."""
+        from tracekit.api import analyze
+
+        res = analyze(trace, window=window, skip_steps=skip_steps, trim_transient=not no_trim, top=top)
+        if html is not None:
+            from tracekit.schema import read_trace
+
+            try:
+                from tracekit.report.timeline_html import render_timeline
+            except ImportError:
+                from tracekit._errors import UsageError
+
+                raise UsageError("--html: the timeline reporter is not available in this build") from None
+            df, meta = read_trace(trace)
+            render_timeline(df, meta, res, html, force=force)
+        if as_json:
+            res.pop("_terminal_sections", None)
+            json.dump(res, sys.stdout, indent=1, default=str)
+            sys.stdout.write("\n")
+        else:
+            from tracekit.report.terminal import render_analysis
+
+            render_analysis(res)

@@ -1,0 +1,333 @@
+"""Convert trace sources (Kineto JSON, nsys exports) of one capture into ``trace.parquet``.
+
+Per source (a rank, or a window of a rank) a worker reads and finalizes the
+rows and writes them to a temporary Parquet part; the parent then streams
+rank by rank into the final file, merging capture-side rows (step records,
+telemetry) and clock offsets. Memory is bounded by the largest rank; workers
+never pickle frames back. The output appears atomically, and an existing
+file is refused without ``force``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import polars as pl
+import pyarrow.parquet as pq
+
+from tracekit._errors import InputError, QualityLog, TracekitError
+from tracekit.categories import RuleSet, load_rules
+from tracekit.ingest.common import finalize_rank
+from tracekit.ingest.discover import Source, discover
+from tracekit.schema import TraceWriter, conform
+
+__all__ = ["convert", "ConvertResult", "convert_source"]
+
+_PARALLEL_MIN_BYTES = 32 << 20
+
+
+@dataclass
+class ConvertResult:
+    out: Path
+    ranks: list[int]
+    rows: int
+    seconds: float
+    input_bytes: int
+    metadata: dict[str, Any] = field(default_factory=dict)
+    quality: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _read(src: Source, rank: int | None) -> tuple[pl.DataFrame, dict[str, Any]]:
+    if src.fmt == "kineto":
+        from tracekit.ingest.kineto import read_kineto
+
+        return read_kineto(src.path, rank=rank)
+    try:
+        from tracekit.ingest.nsys import read_nsys  # type: ignore[attr-defined]
+    except ImportError:
+        raise InputError(f"{src.path}: Nsight Systems import is not available in this build") from None
+    return read_nsys(src.path, rank=rank)
+
+
+def convert_source(src: Source, rules_path: str | None, part_dir: str) -> dict[str, Any]:
+    """Worker: read + finalize one source, write a part file. Returns small metadata only."""
+    rules = load_rules(rules_path) if rules_path else load_rules(None)
+    raw, meta = _read(src, None)
+    rank = meta.get("rank")
+    if rank is None:
+        rank = src.rank_hint
+    if rank is None:
+        rank = -1  # resolved by the parent (single-file inputs become rank 0)
+    raw = raw.with_columns(pl.lit(rank, dtype=pl.Int32).alias("rank"))
+    df = finalize_rank(raw, rules)
+    fd, part = tempfile.mkstemp(prefix="part.", suffix=".parquet", dir=part_dir)
+    os.close(fd)
+    df.write_parquet(part, compression="lz4", statistics=False)
+    gpu = df.filter(pl.col("kind").cast(pl.String).is_in(["kernel", "memcpy", "memset"]))
+    meta.update(
+        {
+            "rank": rank,
+            "part": part,
+            "rows": df.height,
+            "gpu_ops": gpu.height,
+            "first_ts_ns": int(df["ts_ns"].min()) if df.height else None,
+            "last_end_ns": int((df["ts_ns"] + df["dur_ns"]).max()) if df.height else None,
+            "devices": sorted({int(d) for d in gpu["device"].drop_nulls().unique().to_list()}),
+            "window": src.window,
+            "source_file": str(src.path),
+        }
+    )
+    return meta
+
+
+def _dedupe_steps(rank_df: pl.DataFrame, extra: pl.DataFrame) -> pl.DataFrame:
+    """Drop capture-side profiled step records that the trace itself carries as steps."""
+    if extra.height == 0:
+        return extra
+    is_step = pl.col("kind").cast(pl.String) == "step"
+    traced = rank_df.filter(is_step).select(pl.col("ts_ns").alias("_t")).sort("_t")
+    cand = extra.with_row_index("_i")
+    prof = cand.filter(is_step & pl.col("profiled").fill_null(False))
+    if traced.height == 0 or prof.height == 0:
+        return extra
+    tol = int(max(1, prof["dur_ns"].median() or 1) // 2)
+    m = prof.sort("ts_ns").join_asof(traced, left_on="ts_ns", right_on="_t", strategy="nearest", tolerance=tol, check_sortedness=False)
+    drop = m.filter(pl.col("_t").is_not_null()).get_column("_i")
+    return cand.filter(~pl.col("_i").is_in(drop.implode())).drop("_i")
+
+
+def _world_meta(metas: list[dict[str, Any]], ranks: list[int], quality: QualityLog) -> dict[str, Any]:
+    ws = max([m.get("world_size") or 0 for m in metas] + [len(ranks)])
+    expected = set(range(ws))
+    missing = sorted(expected - set(ranks)) if ws and max(ranks, default=0) < ws else []
+    if missing and len(missing) < ws:
+        quality.add(
+            "missing_ranks",
+            f"ranks {_ranges(missing)} of {ws} are absent; cross-rank results cover only the ranks present",
+            missing=missing,
+        )
+    per_rank = []
+    for m in sorted(metas, key=lambda m: (m["rank"], m.get("window") or 0)):
+        props = m.get("device_props") or []
+        devs = m.get("devices") or []
+        dev = devs[0] if devs else None
+        prop = next((p for p in props if isinstance(p, dict) and p.get("id") == dev), props[0] if props and isinstance(props[0], dict) else None)
+        if any(r["rank"] == m["rank"] for r in per_rank):
+            per_rank[[r["rank"] for r in per_rank].index(m["rank"])]["source_files"].append(m["source_file"])
+            continue
+        per_rank.append(
+            {
+                "rank": m["rank"],
+                "device": dev,
+                "device_name": (prop or {}).get("name") or m.get("gpu_name"),
+                "device_props": prop,
+                "source_files": [m["source_file"]],
+                "format": m.get("format"),
+                "backend": m.get("backend"),
+                "nccl_version": m.get("nccl_version"),
+                **{k: m[k] for k in ("link_gen", "link_width", "link_bw_bytes_per_s", "power_limit_w", "session_start_ns") if k in m},
+            }
+        )
+    return {"world_size": ws, "ranks": per_rank}
+
+
+def convert(
+    inputs: Sequence[str | Path],
+    out: str | Path,
+    *,
+    force: bool = False,
+    rules: str | Path | RuleSet | None = None,
+    jobs: int | None = None,
+    progress: bool = False,
+    extra_frames: Sequence[pl.DataFrame] = (),
+    metadata: dict[str, Any] | None = None,
+    on_progress: Callable[[int, int, str], None] | None = None,
+) -> ConvertResult:
+    """Convert one capture's sources into ``out`` (see module docstring).
+
+    ``rules``: a rules file path (extends the defaults). ``extra_frames``:
+    schema rows from the capture (step records, counters, markers) merged by
+    rank. ``metadata``: merged into the footer metadata.
+    """
+    t0 = time.perf_counter()
+    out = Path(out)
+    sources = discover(inputs)
+    for s in sources:
+        if s.path.resolve() == out.resolve():
+            raise InputError(f"{out}: the output would overwrite an input; choose another -o")
+    rules_path = str(rules) if isinstance(rules, (str, Path)) else None
+    if isinstance(rules, RuleSet):
+        rules_path = rules.sources[0] if rules.sources else None
+    if rules_path:
+        load_rules(rules_path)  # validate early, one-line error
+    in_bytes = sum(s.path.stat().st_size if s.path.is_file() else sum(f.stat().st_size for f in s.path.iterdir()) for s in sources)
+    # refuse early (before the work) when the output exists
+    if out.exists() and not force:
+        from tracekit._errors import OutputError
+
+        raise OutputError(f"{out}: exists; pass --force to overwrite")
+    quality = QualityLog()
+    part_dir = tempfile.mkdtemp(prefix=".tracekit-parts-", dir=str(out.parent if str(out.parent) else "."))
+    metas: list[dict[str, Any]] = []
+    try:
+        n = len(sources)
+        jobs = jobs or min(n, os.cpu_count() or 1)
+        prog = _Progress(progress, n, on_progress)
+        if jobs > 1 and n > 1 and in_bytes >= _PARALLEL_MIN_BYTES:
+            import multiprocessing as mp
+
+            with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as ex:
+                futs = {ex.submit(convert_source, s, rules_path, part_dir): s for s in sources}
+                for f in as_completed(futs):
+                    try:
+                        metas.append(f.result())
+                    except TracekitError:
+                        raise
+                    except Exception as e:  # noqa: BLE001
+                        raise InputError(f"{futs[f].path}: conversion failed ({type(e).__name__}: {e})") from None
+                    prog.step(str(futs[f].path.name))
+        else:
+            for s in sources:
+                metas.append(convert_source(s, rules_path, part_dir))
+                prog.step(s.path.name)
+        prog.close()
+        _resolve_ranks(metas, quality)
+        ranks = sorted({m["rank"] for m in metas})
+        extra = pl.concat([conform(e) for e in extra_frames if e is not None and e.height], how="vertical_relaxed") if any(
+            e is not None and e.height for e in extra_frames
+        ) else None
+        md = _world_meta(metas, ranks, quality)
+        for m in metas:
+            for q in m.get("quality") or []:
+                quality.add(q["code"], q["message"], severity=q.get("severity", "warning"), rank=m["rank"])
+        if not any(m["gpu_ops"] for m in metas):
+            quality.add("no_gpu_events", "the trace has no GPU kernels, copies or memsets; analyses of GPU time will be empty")
+        rows = 0
+        with TraceWriter(out, force=force) as w:
+            first, last = None, None
+            for r in ranks:
+                parts = sorted((m for m in metas if m["rank"] == r), key=lambda m: (m.get("window") or 0, m.get("first_ts_ns") or 0))
+                frames = [pl.read_parquet(m["part"]) for m in parts]
+                frames = _offset_windows(frames)
+                df = pl.concat(frames, how="vertical_relaxed") if len(frames) > 1 else frames[0]
+                if extra is not None:
+                    ex = extra.filter(pl.col("rank") == r)
+                    ex = _dedupe_steps(df, ex)
+                    if ex.height:
+                        df = pl.concat([df, conform(ex)], how="vertical_relaxed")
+                df = df.sort("ts_ns", maintain_order=True)
+                if df.height:
+                    lo, hi = int(df["ts_ns"].min()), int((df["ts_ns"] + df["dur_ns"]).max())
+                    first = lo if first is None else min(first, lo)
+                    last = hi if last is None else max(last, hi)
+                w.write(df)
+                rows += df.height
+                for m in parts:
+                    os.unlink(m["part"])
+            if extra is not None:
+                orphan = extra.filter(~pl.col("rank").is_in(ranks))
+                if orphan.height:
+                    w.write(orphan.sort(["rank", "ts_ns"]))
+                    rows += orphan.height
+            meta: dict[str, Any] = {
+                **md,
+                "source_files": [str(s.path) for s in sources],
+                "window_ns": [first, last],
+                "clock_offsets_ns": {str(r): 0 for r in ranks},
+                "rules": rules_path or "default",
+            }
+            for k, v in (metadata or {}).items():
+                if k == "quality":
+                    continue
+                meta[k] = v
+            meta["quality"] = [q.to_json() for q in quality] + list((metadata or {}).get("quality", []))
+            w.close(meta)
+    finally:
+        shutil.rmtree(part_dir, ignore_errors=True)
+    return ConvertResult(out, ranks, rows, time.perf_counter() - t0, in_bytes, meta, meta["quality"])
+
+
+def _ranges(xs: list[int]) -> str:
+    """[2,3,4,7] -> '2-4, 7'."""
+    out, i = [], 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def _offset_windows(frames: list[pl.DataFrame]) -> list[pl.DataFrame]:
+    """Several windows of one rank: renumber sequential step ids so they stay unique."""
+    if len(frames) < 2:
+        return frames
+    out, base = [], 0
+    for f in frames:
+        sid = f.get_column("step_id")
+        if base and sid.null_count() < f.height:
+            f = f.with_columns(pl.col("step_id") + base)
+        mx = f.get_column("step_id").max()
+        base = (int(mx) + 1) if mx is not None else base
+        out.append(f)
+    return out
+
+
+def _resolve_ranks(metas: list[dict[str, Any]], quality: QualityLog) -> None:
+    unknown = [m for m in metas if m["rank"] == -1]
+    if unknown:
+        if len(metas) == 1:
+            metas[0]["rank"] = 0
+            quality.add("rank_assumed", f"{Path(metas[0]['source_file']).name}: no rank in the trace or file name; assumed rank 0", severity="info")
+            _set_rank(metas[0], 0)
+        else:
+            names = ", ".join(Path(m["source_file"]).name for m in unknown)
+            raise InputError(f"{names}: no rank in distributedInfo or the file name; rename files as rank<N>.json.gz or convert them separately")
+    seen: dict[int, dict[str, Any]] = {}
+    for m in metas:
+        r = m["rank"]
+        if r in seen and (m.get("window") is None or seen[r].get("window") is None):
+            raise InputError(
+                f"duplicate rank {r}: {Path(seen[r]['source_file']).name} and {Path(m['source_file']).name}; pass the files of one capture"
+            )
+        seen.setdefault(r, m)
+
+
+def _set_rank(m: dict[str, Any], rank: int) -> None:
+    df = pl.read_parquet(m["part"]).with_columns(pl.lit(rank, dtype=pl.Int32).alias("rank"))
+    df.write_parquet(m["part"], compression="lz4", statistics=False)
+
+
+class _Progress:
+    def __init__(self, enabled: bool, total: int, cb: Callable[[int, int, str], None] | None) -> None:
+        self.total, self.done, self.cb = total, 0, cb
+        self._p = None
+        if enabled and total > 1:
+            from rich.progress import Progress
+
+            self._p = Progress(transient=True)
+            self._p.start()
+            self._task = self._p.add_task("converting ranks", total=total)
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        if self._p is not None:
+            self._p.update(self._task, advance=1, description=f"converted {label}")
+        if self.cb:
+            self.cb(self.done, self.total, label)
+
+    def close(self) -> None:
+        if self._p is not None:
+            self._p.stop()
+
+
+def parquet_rows(path: str | Path) -> int:
+    return pq.read_metadata(path).num_rows

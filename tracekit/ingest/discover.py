@@ -1,0 +1,103 @@
+"""Find trace sources and their ranks from paths (files or directories).
+
+Naming conventions understood (rank from the file name is a fallback; the
+trace's own ``distributedInfo.rank`` wins):
+
+- SGLang: ``[<prefix>-]<profile_id>-TP-<tp>[-DP-<dp>][-PP-<pp>][-EP-<ep>][-<STAGE>].trace.json.gz``
+- HTA / torch: ``rank-3.json.gz``, ``rank_3...``, ``rank3...``, ``..._rank_1.json.gz``
+- tracekit capture windows: ``rank<r>.win<k>.trace.json.gz`` (several files per rank)
+- Nsight Systems: ``*.sqlite`` and ``*_pqtdir`` / parquetdir exports (``..rank0..``)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from tracekit._errors import InputError
+
+__all__ = ["Source", "discover", "rank_from_name", "SGLANG_NAME"]
+
+SGLANG_NAME = re.compile(
+    r"^(?:(?P<prefix>.+?)-)?(?P<pid>[^-]+)-TP-(?P<tp>\d+)(?:-DP-(?P<dp>\d+))?(?:-PP-(?P<pp>\d+))?(?:-EP-(?P<ep>\d+))?(?:-(?P<stage>[A-Za-z]+))?\.trace\.json(?:\.gz)?$"
+)
+_RANK = re.compile(r"(?:^|[^a-z])rank[-_]?(\d+)", re.IGNORECASE)
+_WINDOW = re.compile(r"\.win(\d+)\.", re.IGNORECASE)
+_JSON_SUFFIXES = (".json", ".json.gz")
+
+
+@dataclass(frozen=True)
+class Source:
+    path: Path
+    fmt: str  # "kineto" | "nsys"
+    rank_hint: int | None
+    capture_id: str | None  # SGLang profile id, when the name carries one
+    window: int | None  # tracekit capture window index
+    stage: str | None
+
+
+def rank_from_name(name: str) -> tuple[int | None, str | None, str | None]:
+    """(rank, capture id, stage) parsed from a file name; rank None when absent.
+
+    For SGLang names with DP/PP parts, the TP index is returned; the caller
+    prefers ``distributedInfo.rank`` which is the global rank.
+    """
+    m = SGLANG_NAME.match(name)
+    if m:
+        return int(m["tp"]), m["pid"], m["stage"]
+    m = _RANK.search(name)
+    if m:
+        return int(m[1]), None, None
+    return None, None, None
+
+
+def _is_nsys_dir(p: Path) -> bool:
+    return p.is_dir() and (p / "TARGET_INFO_SESSION_START_TIME.parquet").exists()
+
+
+def _classify(p: Path) -> Source | None:
+    name = p.name
+    if _is_nsys_dir(p) or name.endswith(".sqlite"):
+        r, _cid, _st = rank_from_name(name)
+        return Source(p, "nsys", r, None, None, None)
+    if name.endswith(_JSON_SUFFIXES):
+        r, cid, st = rank_from_name(name)
+        w = _WINDOW.search(name)
+        return Source(p, "kineto", r, cid, int(w[1]) if w else None, st)
+    return None
+
+
+def discover(inputs: Sequence[str | Path]) -> list[Source]:
+    """Expand files/dirs into sources. Raises InputError for missing paths or nothing found."""
+    out: list[Source] = []
+    for raw in inputs:
+        p = Path(raw)
+        if not p.exists():
+            raise InputError(f"{p}: no such file or directory; check the path")
+        if p.is_dir() and not _is_nsys_dir(p):
+            found = []
+            for child in sorted(p.iterdir()):
+                if child.name.startswith("."):
+                    continue
+                s = _classify(child)
+                if s is not None:
+                    found.append(s)
+            if not found:
+                raise InputError(f"{p}: no trace files (*.json, *.json.gz, *.sqlite, nsys parquetdir) in this directory")
+            out.extend(found)
+        else:
+            s = _classify(p)
+            if s is None:
+                raise InputError(f"{p}: unsupported input; expected Kineto JSON (.json/.json.gz), nsys .sqlite or an nsys parquetdir")
+            out.append(s)
+    # drop merged SGLang files when per-rank files are present (merged ones duplicate events)
+    if any(s.path.name.startswith("merged-") for s in out) and any(not s.path.name.startswith("merged-") for s in out):
+        out = [s for s in out if not s.path.name.startswith("merged-")]
+    ids = {s.capture_id for s in out if s.capture_id}
+    if len(ids) > 1:
+        raise InputError(
+            "files from different captures are mixed (SGLang profile ids " + ", ".join(sorted(ids)) + "); convert one capture at a time"
+        )
+    return out
