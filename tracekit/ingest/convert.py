@@ -149,6 +149,7 @@ def convert(
     extra_frames: Sequence[pl.DataFrame] = (),
     metadata: dict[str, Any] | None = None,
     on_progress: Callable[[int, int, str], None] | None = None,
+    align: bool = True,
 ) -> ConvertResult:
     """Convert one capture's sources into ``out`` (see module docstring).
 
@@ -209,6 +210,7 @@ def convert(
                 quality.add(q["code"], q["message"], severity=q.get("severity", "warning"), rank=m["rank"])
         if not any(m["gpu_ops"] for m in metas):
             quality.add("no_gpu_events", "the trace has no GPU kernels, copies or memsets; analyses of GPU time will be empty")
+        offsets, align_info = _align(metas, ranks, quality, align)
         rows = 0
         with TraceWriter(out, force=force) as w:
             first, last = None, None
@@ -222,6 +224,8 @@ def convert(
                     ex = _dedupe_steps(df, ex)
                     if ex.height:
                         df = pl.concat([df, conform(ex)], how="vertical_relaxed")
+                if offsets.get(r):
+                    df = df.with_columns(pl.col("ts_ns") + offsets[r], pl.col("launch_ts_ns") + offsets[r])
                 df = df.sort("ts_ns", maintain_order=True)
                 if df.height:
                     lo, hi = int(df["ts_ns"].min()), int((df["ts_ns"] + df["dur_ns"]).max())
@@ -240,7 +244,8 @@ def convert(
                 **md,
                 "source_files": [str(s.path) for s in sources],
                 "window_ns": [first, last],
-                "clock_offsets_ns": {str(r): 0 for r in ranks},
+                "clock_offsets_ns": {str(r): int(offsets.get(r, 0)) for r in ranks},
+                "clock_alignment": align_info,
                 "rules": rules_path or "default",
             }
             for k, v in (metadata or {}).items():
@@ -252,6 +257,30 @@ def convert(
     finally:
         shutil.rmtree(part_dir, ignore_errors=True)
     return ConvertResult(out, ranks, rows, time.perf_counter() - t0, in_bytes, meta, meta["quality"])
+
+
+def _align(metas: list[dict[str, Any]], ranks: list[int], quality: QualityLog, enabled: bool) -> tuple[dict[int, int], dict[str, Any]]:
+    """Per-rank clock offsets from matched collective end times (small cross-rank pass)."""
+    if not enabled or len(ranks) < 2:
+        return {}, {"applied": False, "reason": "single rank" if len(ranks) < 2 else "disabled"}
+    try:
+        from tracekit.analysis.align import align_clocks
+    except ImportError:
+        return {}, {"applied": False, "reason": "alignment unavailable"}
+    comm = pl.concat(
+        [
+            pl.scan_parquet(m["part"]).filter(pl.col("category").cast(pl.String) == "communication").collect()
+            for m in metas
+        ],
+        how="vertical_relaxed",
+    )
+    if comm.height == 0:
+        return {}, {"applied": False, "reason": "no collectives"}
+    res = align_clocks(comm)
+    for q in res.quality:
+        quality.append(q)
+    info = res.to_json()
+    return ({int(k): int(v) for k, v in res.offsets_ns.items()} if res.applied else {}), info
 
 
 def _ranges(xs: list[int]) -> str:
