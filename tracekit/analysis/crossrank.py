@@ -1,0 +1,219 @@
+"""Cross-rank sections of ``tracekit analyze`` (one entry point for ``tracekit.api``).
+
+``cross_rank_sections(df, meta, opts)`` runs clock alignment, collective matching,
+stalls, idle causes, PCIe phases, power verdicts, step statistics and kernel
+efficiency, and returns JSON-ready sections plus plain-words ``findings`` (most
+costly first). ``_comm_parts`` (a frame, not JSON) carries the per-kernel
+wait/transfer intervals for the breakdown, in the frame's original time base.
+Every number is defined in ``docs/metrics.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import polars as pl
+
+from tracekit._errors import QualityLog
+from tracekit.analysis.align import align_clocks
+from tracekit.analysis.collectives import collective_quality, collective_summary, match_collectives, split_communication
+from tracekit.analysis.efficiency import kernel_efficiency
+from tracekit.analysis.gaps import idle_causes
+from tracekit.analysis.pcie import pcie_phases
+from tracekit.analysis.power import power_verdicts
+from tracekit.analysis.stalls import MIN_REL_STEP, MIN_WAIT_NS, detect_stalls, lost_by_rank, stall_summary
+from tracekit.analysis.steps import step_stats
+
+__all__ = ["cross_rank_sections", "SECTION_KEYS"]
+
+SECTION_KEYS = ("stalls", "collectives", "idle_causes_ns", "idle_gaps", "pcie_phases", "power", "steps", "kernel_efficiency", "findings")
+
+_CAUSE_WORDS = {
+    "delayed_forward": "its forward step started late",
+    "host_sync": "it was blocked in a host sync",
+    "cpu_launch_gap": "its CPU launched late (GPU idle, no sync)",
+    "preceding_kernels": "its own kernels ran longer",
+}
+_IDLE_WORDS = {
+    "between_steps": "between forward steps (scheduler/host)",
+    "host_sync": "after host syncs",
+    "launch_bound": "waiting for kernel launches (launch-bound)",
+    "other": "on queued work (dependencies)",
+}
+
+
+def _short(name: str | None, n: int = 60) -> str:
+    """Readable kernel name: no ``void``, no arguments, no template arguments."""
+    s = (name or "").removeprefix("void ")
+    s = s.split("(", 1)[0] if not s.startswith("Memcpy") and not s.startswith("Memset") else s
+    s = s.split("<", 1)[0] or s
+    return s[:n]
+
+
+def _ms(ns: float | int | None) -> str:
+    return f"{(ns or 0) / 1e6:.1f} ms"
+
+
+def _window_bounds(win: Any) -> tuple[int | None, int | None]:
+    if win is None:
+        return None, None
+    return getattr(win, "start_ns", None), getattr(win, "end_ns", None)
+
+
+def _clip_rows(df: pl.DataFrame, lo: int | None, hi: int | None) -> pl.DataFrame:
+    if lo is None and hi is None:
+        return df
+    e = pl.lit(True)
+    if lo is not None:
+        e = e & ((pl.col("ts_ns") + pl.col("dur_ns")) > lo)
+    if hi is not None:
+        e = e & (pl.col("ts_ns") < hi)
+    return df.filter(e)
+
+
+def _records(df: pl.DataFrame, n: int | None = None) -> list[dict[str, Any]]:
+    if df.height == 0:
+        return []
+    return (df.head(n) if n else df).to_dicts()
+
+
+def cross_rank_sections(df: pl.DataFrame, meta: Mapping[str, Any], opts: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """JSON sections (see :data:`SECTION_KEYS`) + ``_comm_parts``; pure (quality flags go to ``opts['quality']``).
+
+    ``opts``: ``window`` (object with ``start_ns``/``end_ns``, None = whole trace), ``quality`` (a
+    :class:`QualityLog` to extend), ``min_wait_ns``, ``min_rel_step``, ``max_items`` (list caps).
+    """
+    opts = dict(opts or {})
+    q: QualityLog = opts.get("quality") if opts.get("quality") is not None else QualityLog()
+    max_items = int(opts.get("max_items", 200))
+    lo, hi = _window_bounds(opts.get("window"))
+
+    inst0 = match_collectives(df)
+    al = align_clocks(df, meta, instances=inst0)
+    q.extend(al.quality)
+    adf = al.df
+    inst_all = match_collectives(adf) if al.applied else inst0
+    q.extend(collective_quality(inst_all))
+    inst = inst_all
+    if lo is not None:
+        inst = inst.filter(pl.col("arrival_ns") >= lo)
+    if hi is not None:
+        inst = inst.filter(pl.col("arrival_ns") < hi)
+    wdf = _clip_rows(adf, lo, hi)
+
+    # communication split in the caller's (unaligned) time base
+    back = {int(k): -int(v) for k, v in al.offsets_ns.items()}
+    inst_orig = inst_all.with_columns(
+        (pl.col("arrival_ns") + pl.col("rank").replace_strict(back, default=0, return_dtype=pl.Int64)).alias("arrival_ns")
+    ) if al.applied else inst_all
+    comm_parts = split_communication(df, inst_orig)
+
+    min_wait = int(opts.get("min_wait_ns", MIN_WAIT_NS))
+    min_rel = float(opts.get("min_rel_step", MIN_REL_STEP))
+    stalls = detect_stalls(inst, wdf, min_wait_ns=min_wait, min_rel_step=min_rel)
+    ssum = stall_summary(stalls)
+    lost = lost_by_rank(stalls)
+    csum = collective_summary(inst)
+    per_rank_comm = inst.group_by("rank").agg(
+        pl.col("dur_ns").sum().alias("kernel_ns"), pl.col("wait_ns").sum().alias("wait_ns"),
+        (pl.col("dur_ns") - pl.col("wait_ns")).sum().alias("transfer_ns"),
+    ).sort("rank") if inst.height else pl.DataFrame()
+
+    window = (lo, hi) if lo is not None and hi is not None else None
+    idle = idle_causes(wdf, inst, window=window)
+    pcie = pcie_phases(wdf, meta, instances=inst)
+    pw = power_verdicts(wdf, meta)
+    st = step_stats(wdf, inst)
+    q.extend(st.quality)
+    eff = kernel_efficiency(wdf, meta)
+
+    out: dict[str, Any] = {
+        "stalls": _records(stalls.sort("wait_ns", descending=True).select(
+            "waiting_rank", "late_rank", "wait_ns", "ts_ns", "step", "collective", "cause", "detail"), max_items),
+        "collectives": {
+            "clock_alignment": al.to_json(),
+            "instances": int(inst.select(pl.struct("pg", "seq").n_unique()).item()) if inst.height else 0,
+            "groups": _records(csum),
+            "per_rank": _records(per_rank_comm),
+            "stall_count": stalls.height,
+            "stall_summary": _records(ssum),
+            "lost_by_rank": {str(r): int(v) for r, v in zip(lost["rank"].to_list(), lost["lost_ns"].to_list())},
+            "thresholds": {"min_wait_ns": min_wait, "min_rel_step": min_rel},
+        },
+        "idle_causes_ns": idle.by_rank_ns(),
+        "idle_gaps": {str(r): _records(g.drop("rank"), 10) for (r,), g in idle.largest.group_by("rank", maintain_order=True)},
+        "pcie_phases": _records(pcie, max_items),
+        "power": pw.to_json(),
+        "steps": st.to_json(max_steps=max_items),
+        "kernel_efficiency": _records(eff, 50),
+    }
+    out["findings"] = _findings(out, al.residual_ns, inst, idle, pcie, pw, st, eff, wdf)
+    out["_comm_parts"] = comm_parts
+    return out
+
+
+def _findings(out: dict[str, Any], residual: int | None, inst: pl.DataFrame, idle: Any, pcie: pl.DataFrame,
+              pw: Any, st: Any, eff: pl.DataFrame, wdf: pl.DataFrame) -> list[str]:
+    found: list[tuple[float, str]] = []  # (importance in ns, sentence)
+    # stalls: who waited for whom, and why
+    ssum = out["collectives"]["stall_summary"]
+    for row in ssum[:5]:
+        waiting = ", ".join(str(r) for r in row["waiting_ranks"])
+        why = _CAUSE_WORDS.get(row["cause"], row["cause"])
+        det = f" ({_short(row['top_detail'])})" if row.get("top_detail") and row["cause"] in ("host_sync", "preceding_kernels") else ""
+        found.append((row["lost_ns"], f"Rank(s) {waiting} lost {_ms(row['lost_ns'])} in {row['count']} collective wait(s) "
+                                      f"for rank {row['late_rank']}: {why}{det}."))
+    # communication split
+    for g in out["collectives"]["groups"]:
+        ws = g.get("wait_share")
+        if ws is not None and g["kernel_ns"] > 0 and ws >= 0.3:
+            found.append((g["wait_ns"], f"{g['coll_name']} ({g['pg']}): {ws:.0%} of its {_ms(g['kernel_ns'])} kernel time is "
+                                        f"waiting for the last rank, {1 - ws:.0%} is transfer — a faster interconnect would not help much."))
+    for r in out["collectives"]["per_rank"]:
+        if r["kernel_ns"] > 0 and r["wait_ns"] / r["kernel_ns"] >= 0.5:
+            found.append((r["wait_ns"] * 0.5, f"Rank {r['rank']}: {r['wait_ns'] / r['kernel_ns']:.0%} of its collective time "
+                                              f"({_ms(r['wait_ns'])} of {_ms(r['kernel_ns'])}) is waiting on peers."))
+    # idle causes
+    if idle.totals.height:
+        span = wdf.filter(pl.col("kind").cast(pl.String).is_in(["kernel", "memcpy", "memset"])).group_by("rank").agg(
+            ((pl.col("ts_ns") + pl.col("dur_ns")).max() - pl.col("ts_ns").min()).alias("w"))
+        wmap = {int(r): int(w) for r, w in zip(span["rank"].to_list(), span["w"].to_list())}
+        for row in idle.totals.filter(pl.col("cause") != "waiting_on_peer").sort("total_ns", descending=True).head(4).iter_rows(named=True):
+            w = wmap.get(int(row["rank"]), 0)
+            if w and row["total_ns"] / w >= 0.05:
+                found.append((row["total_ns"], f"Rank {row['rank']} GPU idle {_ms(row['total_ns'])} ({row['total_ns'] / w:.0%} of its window) "
+                                               f"{_IDLE_WORDS.get(row['cause'], row['cause'])}, {row['count']} gap(s)."))
+    # PCIe
+    if pcie.height:
+        tot = int(pcie["dur_ns"].sum())
+        ranks = ", ".join(str(r) for r in sorted(set(pcie["rank"].to_list())))
+        durs = pcie.explode("during")["during"].drop_nulls()
+        top = durs.value_counts(sort=True).head(2)["during"].to_list() if durs.len() else []
+        with_ = f"; meanwhile: {', '.join(_short(t) for t in top)}" if top else ""
+        found.append((tot, f"{pcie.height} PCIe-bound phase(s) on rank(s) {ranks}, {_ms(tot)} in total, up to "
+                           f"{pcie['pct_of_link'].max():.0f}% of the link{with_}."))
+    # power
+    for v in pw.verdicts:
+        found.append((1.0, v + "."))
+    # steps
+    if st.summary.height:
+        for row in st.summary.sort("steps", descending=True).head(2).iter_rows(named=True):
+            tps = f", {row['tokens_per_s']:.0f} tokens/s" if row.get("tokens_per_s") else ""
+            bs = f" bs={row['batch_size']}" if row.get("batch_size") is not None else ""
+            found.append((0.5, f"{row['mode'] or 'Steps'}{bs}: step time p50 {_ms(row['p50_ns'])}, "
+                               f"p90 {_ms(row['p90_ns'])}, max {_ms(row['max_ns'])} over {row['steps']} step(s){tps}."))
+    if st.steps.height:
+        n_no = st.steps.filter(pl.col("no_gpu")).height
+        if n_no:
+            found.append((0.4, f"{n_no} profiled step(s) have no GPU events attributed."))
+    # efficiency
+    if eff.height:
+        bad = eff.filter(pl.col("flag") == "moe_untuned")
+        if bad.height:
+            worst = bad.sort("gpu_ns", descending=True).row(0, named=True)
+            found.append((float(bad["gpu_ns"].sum()), f"{bad.height} MoE GEMM shape(s) run far below roofline (e.g. {worst['op']} "
+                                                       f"{worst['input_dims']} in {_short(worst['kernel'])}: {worst['efficiency']:.0%} of its ceiling): likely untuned kernel configs."))
+    if residual is not None and residual > 50_000:
+        found.append((float(residual), f"Clock alignment residual is {residual / 1e3:.0f} µs: cross-rank waits below that are not reliable."))
+    found.sort(key=lambda t: -t[0])
+    return [s for _, s in found]
