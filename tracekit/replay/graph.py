@@ -306,7 +306,8 @@ def _rank_vertices(b: _Builder, r: pl.DataFrame, rank: int, origin: int, q: Qual
     tid = _main_tid(r, steps, ops)
     synthetic = steps.height == 0
     if synthetic:  # one synthetic step over the whole rank
-        span = r.filter(kind_s.is_in([*GPU_OP_KINDS, "runtime"])).select(
+        own = kind_s.is_in(list(GPU_OP_KINDS)) | ((kind_s == "runtime") & (pl.col("tid") == tid))
+        span = r.filter(own).select(
             pl.col("ts_ns").min().alias("a"), (pl.col("ts_ns") + pl.col("dur_ns")).max().alias("z"))
         a, z = int(span.item(0, "a")), int(span.item(0, "z"))
         steps = pl.DataFrame({"ts_ns": [a], "dur_ns": [z - a], "step_id": [None], "tokens": [None],
@@ -519,19 +520,19 @@ def _rank_edges(b: _Builder, p: dict[str, Any], ops: pl.DataFrame, instances: pl
     l_off = o_lts - c_obs[li]
     lam_obs = o_ts - o_lts
     prev_end_obs = np.where(prev >= 0, o_end_obs[np.maximum(prev, 0)], NEG)
-    idle = (prev < 0) | (prev_end_obs <= o_lts)
-    lam_typ = _median(lam_obs[idle & ~is_graph & ~no_launch], _DEFAULT_LAMBDA_NS)
-    lam_typ = max(lam_typ, 0)
-    queued = (prev >= 0) & (o_lts + lam_typ <= prev_end_obs)
-    delta_obs = o_ts - prev_end_obs
-    delta_typ = max(_median(delta_obs[queued & ~o_is_coll[np.maximum(prev, 0)]], _DEFAULT_DELTA_NS), 0)
-
     # ---- cross-stream event edges
     ev_src, ev_dst = _event_edges(p, ops, o_lts, stream, prev, q)
     ev_src_end_obs = o_end_obs[ev_src] if ev_src.size else np.zeros(0, np.int64)
     ev_max = np.full(n_ops, NEG, np.int64)
     if ev_src.size:
         np.maximum.at(ev_max, ev_dst, ev_src_end_obs)
+    idle = ((prev < 0) | (prev_end_obs <= o_lts)) & (ev_max <= o_lts)
+    lam_typ = _median(lam_obs[idle & ~is_graph & ~no_launch], _DEFAULT_LAMBDA_NS)
+    lam_typ = max(lam_typ, 0)
+    queued = (prev >= 0) & (o_lts + lam_typ <= prev_end_obs)
+    delta_obs = o_ts - prev_end_obs
+    delta_typ = max(_median(delta_obs[queued & ~o_is_coll[np.maximum(prev, 0)]], _DEFAULT_DELTA_NS), 0)
+
 
     # ---- binding decision per op (replay_model.md §4)
     cand_launch = np.where(graph_inner, NEG, o_lts + lam_typ)
@@ -593,7 +594,7 @@ def _event_edges(p: dict[str, Any], ops: pl.DataFrame, o_lts: np.ndarray, stream
         # source: last op launched before the preceding event record
         ri = _asof_back(rec_ts, w_ts)
         ok = ri >= 0
-        src_q = np.where(ok, rec_ts[np.maximum(ri, 0)], NEG)
+        src_q = np.where(ok, rec_ts[np.maximum(ri, 0)], NEG) if rec_ts.size else np.full(w_ts.size, NEG)
         si = _asof_back(l_sorted, src_q)
         ok &= si >= 0
         src_row = lorder[np.maximum(si, 0)]
@@ -717,7 +718,7 @@ def _cpu_edges(b: _Builder, p: dict[str, Any], ops: pl.DataFrame, o_lts: np.ndar
         if m.any():
             rec = np.flatnonzero(np.isin(names, _EVENT_RECORD))
             ri = _asof_back(r_ts[rec], t[m])
-            qt = np.where(ri >= 0, r_ts[rec][np.maximum(ri, 0)], t[m])
+            qt = np.where(ri >= 0, r_ts[rec][np.maximum(ri, 0)], t[m]) if rec.size else t[m]
             w = _last_on_stream_before(o_lts, o_ts, stream, qt, np.full(int(m.sum()), -2))
             w_call.append(blk[m])
             w_op.append(w)
