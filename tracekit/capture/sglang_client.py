@@ -13,14 +13,38 @@ library (``urllib``) only.
 
 from __future__ import annotations
 
+import http.client
 import json
+import re
+import socket
+import sys
+import tempfile
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
-from typing import Any
+import uuid
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
 
-from tracekit._errors import CaptureError
+from tracekit._errors import CaptureError, OutputError, Quality, UsageError
 
-__all__ = ["DEFAULT_URL", "detect_server"]
+__all__ = [
+    "DEFAULT_URL",
+    "detect_server",
+    "Capabilities",
+    "capabilities",
+    "check_server",
+    "build_profile_request",
+    "rank_files",
+    "expected_ranks",
+    "wait_for_traces",
+    "graph_attribution_note",
+    "capture_sglang",
+    "SGLangCaptureResult",
+    "LevelCapture",
+]
 
 DEFAULT_URL = "http://127.0.0.1:30000"
 
@@ -68,3 +92,571 @@ def detect_server(url: str = DEFAULT_URL, timeout_s: float = 0.5) -> bool:
             return False
         return isinstance(obj, dict) and "model_path" in obj
     return False
+
+
+# ============================================================== server checks and capabilities
+
+
+def _vtuple(v: Any) -> tuple[int, ...] | None:
+    """"0.5.23", "0.5.16.post1", "0.5.23+fake" -> (0, 5, 23); None when unparseable."""
+    if not isinstance(v, str):
+        return None
+    out = []
+    for p in v.split("+")[0].split("."):
+        m = re.match(r"\d+", p)
+        if m is None:
+            break
+        out.append(int(m.group()))
+        if m.end() != len(p):
+            break
+    return tuple(out) or None
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What the server supports, from ``/server_info``'s ``version`` (docs/sglang.md §11)."""
+
+    version: str | None
+    profile_id: bool  # client-settable ProfileReq.profile_id (~0.5.16+)
+    step_spans: bool | None  # step[...] record_function per forward (~0.5.12+); None = unknown
+    plugins: bool | None  # sglang.srt.plugins entry points (0.5.11+)
+    detailed_annotations: bool | None  # by 0.5.20
+
+    def notes(self) -> list[Quality]:
+        """Quality notes for what is unavailable on this server."""
+        q: list[Quality] = []
+        ver = self.version or "unknown"
+        if self.version is None:
+            q.append(Quality("sglang_version_unknown", "server did not report its version; assuming an old SGLang "
+                             "(no client-set profile_id; files found by globbing the fresh output_dir)", "info"))
+        if not self.profile_id:
+            q.append(Quality("sglang_no_profile_id", f"SGLang {ver} does not accept a client profile_id "
+                             "(needs ~0.5.16); trace files are found by globbing the fresh output_dir", "info"))
+        if self.step_spans is False:
+            q.append(Quality("sglang_no_step_spans", f"SGLang {ver} emits no step[...] span per forward (needs ~0.5.12); "
+                             "run the server with `tracekit launch -- python -m sglang.launch_server ...` for tk.fwd ranges"))
+        if self.plugins is False:
+            q.append(Quality("sglang_no_plugins", f"SGLang {ver} has no plugin system (needs 0.5.11); tracekit's forward "
+                             "hook needs `tracekit launch` (sitecustomize import hook)", "info"))
+        return q
+
+
+def capabilities(server_info: dict[str, Any]) -> Capabilities:
+    """Version gates from ``/server_info`` (``{}`` when the endpoint failed)."""
+    ver = server_info.get("version") if isinstance(server_info, dict) else None
+    vt = _vtuple(ver)
+    if vt is None:
+        return Capabilities(None, False, None, None, None)
+    return Capabilities(ver, vt >= (0, 5, 16), vt >= (0, 5, 12), vt >= (0, 5, 11), vt >= (0, 5, 20))
+
+
+def _get_json(url: str, path: str, timeout_s: float) -> dict[str, Any]:
+    status, payload = _request(url, path, timeout_s=timeout_s)
+    if status != 200:
+        raise CaptureError(f"{url}{path}: HTTP {status} {_snippet(payload)}")
+    try:
+        obj = json.loads(payload)
+    except ValueError:
+        raise CaptureError(f"{url}{path}: answer is not JSON; is this an SGLang server?") from None
+    return obj if isinstance(obj, dict) else {"value": obj}
+
+
+def _snippet(payload: bytes, n: int = 200) -> str:
+    return payload[:n].decode("utf-8", "replace").strip().replace("\n", " ")
+
+
+def _request(url: str, path: str, *, method: str = "GET", body: dict[str, Any] | None = None,
+             timeout_s: float = 10.0) -> tuple[int, bytes]:
+    """:func:`_http` with transport failures turned into one-line CaptureErrors."""
+    try:
+        return _http(url, path, method=method, body=body, timeout_s=timeout_s)
+    except urllib.error.URLError as e:
+        reason = getattr(e, "reason", e)
+        raise CaptureError(f"cannot reach SGLang at {url} ({reason}); start the server or pass --sglang URL") from None
+    except (TimeoutError, socket.timeout):
+        raise CaptureError(f"{url}{path}: no answer within {timeout_s:g}s; is the server overloaded or hung?") from None
+    except (ConnectionError, http.client.HTTPException, OSError) as e:
+        raise CaptureError(f"cannot reach SGLang at {url} ({type(e).__name__}: {e}); start the server or pass --sglang URL") from None
+    except ValueError as e:
+        raise CaptureError(f"{url}: not a valid server address ({e}); use http://HOST:PORT") from None
+
+
+def check_server(url: str, *, health_timeout_s: float = 30.0) -> dict[str, Any]:
+    """``GET /health`` (must be 200) then ``GET /server_info`` (returned; ``{}`` if it fails).
+
+    Raises CaptureError when the server is unreachable or unhealthy.
+    """
+    status, payload = _request(url, "/health", timeout_s=health_timeout_s)
+    if status != 200:
+        raise CaptureError(f"SGLang at {url} is not healthy (GET /health: HTTP {status} {_snippet(payload)}); "
+                           "wait until it has started, or check its log")
+    try:
+        return _get_json(url, "/server_info", timeout_s=health_timeout_s)
+    except CaptureError:
+        try:
+            return _get_json(url, "/get_server_info", timeout_s=health_timeout_s)
+        except CaptureError:
+            return {}
+
+
+# ============================================================== profile request and trace files
+
+
+def build_profile_request(output_dir: str, *, caps: Capabilities, profile_id: str, num_steps: int | None = None,
+                          start_step: int | None = None, with_stack: bool = False, record_shapes: bool = False,
+                          activities: Sequence[str] = ("CPU", "GPU")) -> dict[str, Any]:
+    """The ``ProfileReq`` JSON tracekit sends: explicit fields, integers as integers.
+
+    ``with_stack``/``record_shapes`` are always sent (the server defaults are True);
+    ``profile_id`` only where the server accepts it.
+    """
+    body: dict[str, Any] = {
+        "output_dir": output_dir,
+        "activities": list(activities),
+        "with_stack": bool(with_stack),
+        "record_shapes": bool(record_shapes),
+    }
+    if num_steps is not None:
+        if int(num_steps) < 1:
+            raise UsageError(f"--steps {num_steps}: must be >= 1")
+        body["num_steps"] = int(num_steps)
+    if start_step is not None:
+        body["start_step"] = int(start_step)
+    if caps.profile_id:
+        body["profile_id"] = profile_id
+    return body
+
+
+_RANK_RE = re.compile(r"-TP-(\d+)(?:-DP-(\d+))?(?:-PP-(\d+))?(?:-EP-(\d+))?(?:-[A-Za-z]+)?\.trace\.json\.gz$")
+
+
+def rank_files(directory: Path, profile_id: str | None = None) -> dict[tuple[int, int, int], Path]:
+    """``{(tp, dp, pp): path}`` for ``[prefix-]<id>-TP-<r>[-DP-d][-PP-p][-EP-e][-STAGE].trace.json.gz``.
+
+    With ``profile_id`` only that id's files count (``merged-*`` files never do).
+    """
+    out: dict[tuple[int, int, int], Path] = {}
+    for p in sorted(directory.glob("*-TP-*.trace.json.gz")):
+        if p.name.startswith("merged-"):
+            continue
+        if profile_id is not None and f"{profile_id}-TP-" not in p.name:
+            continue
+        m = _RANK_RE.search(p.name)
+        if m is None:
+            continue
+        key = (int(m.group(1)), int(m.group(2) or 0), int(m.group(3) or 0))
+        out[key] = p
+    return out
+
+
+def expected_ranks(server_info: dict[str, Any]) -> set[tuple[int, int]] | None:
+    """``{(tp, pp)}`` every capture must contain, from ``tp_size``/``pp_size``; None if unknown."""
+    try:
+        tp = int(server_info["tp_size"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    try:
+        pp = int(server_info.get("pp_size") or 1)
+    except (TypeError, ValueError):
+        pp = 1
+    return {(t, p) for t in range(tp) for p in range(pp)}
+
+
+def _rank_label(tp: int, pp: int) -> str:
+    return f"TP-{tp}" + (f"-PP-{pp}" if pp else "")
+
+
+def wait_for_traces(directory: Path, *, expected: set[tuple[int, int]] | None, profile_id: str | None,
+                    timeout_s: float, stable_s: float = 1.0, poll_s: float = 0.2,
+                    clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                    on_poll: Callable[[int], None] | None = None) -> list[Path]:
+    """Poll ``directory`` until every expected rank's trace exists with a size unchanged for ``stable_s``.
+
+    Files appear at different times per rank and grow while they are written. Without ``expected``
+    it waits until at least one file exists and no file appeared or grew for ``stable_s``.
+    Raises CaptureError naming the missing ranks (or "no trace files") after ``timeout_s``.
+    """
+    t_end = clock() + timeout_s
+    sizes: dict[Path, tuple[int, float]] = {}
+    while True:
+        now = clock()
+        found = rank_files(directory, profile_id)
+        stable = True
+        for p in found.values():
+            try:
+                sz = p.stat().st_size
+            except FileNotFoundError:
+                stable = False
+                continue
+            prev = sizes.get(p)
+            if prev is None or prev[0] != sz:
+                sizes[p] = (sz, now)
+                stable = False
+            elif sz == 0 or now - prev[1] < stable_s:
+                stable = False
+        have = {(tp, pp) for (tp, _dp, pp) in found}
+        missing = sorted(expected - have) if expected is not None else []
+        if on_poll is not None:
+            on_poll(len(found))
+        if found and stable and not missing:
+            return [found[k] for k in sorted(found)]
+        if now >= t_end:
+            if not found:
+                raise CaptureError(f"no SGLang trace files (*-TP-*.trace.json.gz) in {directory} after {timeout_s:g}s; "
+                                   "does the server write to this path (same host/filesystem)? raise --poll-timeout "
+                                   "for large traces, or check the server log")
+            if missing:
+                names = ", ".join(_rank_label(t, p) for t, p in missing)
+                raise CaptureError(f"missing trace files for rank(s) {names} in {directory} after {timeout_s:g}s "
+                                   f"({len(found)} present); check those ranks in the server log, or raise --poll-timeout")
+            raise CaptureError(f"trace files in {directory} still growing after {timeout_s:g}s; raise --poll-timeout")
+        sleep(poll_s)
+
+
+# ============================================================== CUDA-graph attribution
+
+
+def graph_attribution_note(df: Any) -> Quality | None:
+    """A quality note when GPU ops ran from CUDA-graph replays (``graph_id`` set), else None.
+
+    Graph-replayed kernels share their ``cudaGraphLaunch``'s correlation id, so they are attributed
+    to the forward step that launched them, but nothing per layer or module exists at replay
+    (record_function, NVTX and forward hooks run only at graph capture). The note gives the share
+    of GPU time concerned and how to get layer-level attribution: a mapping capture with graphs off.
+    """
+    import polars as pl
+
+    need = {"kind", "graph_id", "dur_ns"}
+    if not need <= set(df.columns):
+        return None
+    gpu = df.filter(pl.col("kind").cast(pl.String).is_in(["kernel", "memcpy", "memset"]))
+    if gpu.height == 0:
+        return None
+    g = gpu.filter(pl.col("graph_id").is_not_null())
+    if g.height == 0:
+        return None
+    total = int(gpu["dur_ns"].sum() or 0)
+    gdur = int(g["dur_ns"].sum() or 0)
+    frac = gdur / total if total else 0.0
+    no_step = int(g["step_id"].is_null().sum()) if "step_id" in g.columns else g.height
+    msg = (f"{frac:.0%} of GPU time ({g.height} kernels) ran from CUDA-graph replays: attributed to the forward step "
+           "that launched them, but layer/module attribution is impossible (nothing per layer exists at replay). "
+           "For it, take a mapping capture with graphs off: relaunch SGLang with --cuda-graph-backend-decode=disabled "
+           "(or --disable-decode-cuda-graph; prefill: --cuda-graph-backend-prefill=disabled) and "
+           "--enable-layerwise-nvtx-marker, then capture again")
+    if no_step:
+        msg += f"; {no_step} graph kernels have no step (launched outside any forward range)"
+    return Quality("graph_no_layer_attribution", msg, "info",
+                   details={"graph_kernels": g.height, "graph_gpu_time_frac": round(frac, 4),
+                            "graph_kernels_without_step": no_step})
+
+
+# ============================================================== capture
+
+
+@dataclass
+class LevelCapture:
+    """One captured level: the trace written, the load it ran under, its profile files."""
+
+    out: Path
+    load: dict[str, Any] | None
+    files: list[Path]
+    profile_dir: Path
+    profile_request: dict[str, Any]
+    window_ns: tuple[int, int]
+    convert: Any = None
+
+
+@dataclass
+class SGLangCaptureResult:
+    """Result of :func:`capture_sglang`; ``levels`` has one entry per load level (one without load)."""
+
+    url: str
+    server_info: dict[str, Any]
+    capabilities: Capabilities
+    levels: list[LevelCapture] = field(default_factory=list)
+    quality: list[Quality] = field(default_factory=list)
+
+    @property
+    def out(self) -> Path:
+        return self.levels[0].out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "sglang_version": self.capabilities.version,
+            "levels": [
+                {"out": str(lv.out), "load": lv.load, "files": [str(f) for f in lv.files],
+                 "profile_dir": str(lv.profile_dir), "window_ns": list(lv.window_ns)}
+                for lv in self.levels
+            ],
+            "quality": [q.to_json() for q in self.quality],
+        }
+
+
+def _is_local(url: str) -> bool:
+    host = urllib.parse.urlsplit(url).hostname or ""
+    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+
+
+def _level_out(out: Path, level: int, many: bool) -> Path:
+    if not many:
+        return out
+    suffix = out.suffix or ".parquet"
+    return out.with_name(f"{out.stem}-load{level}{suffix}")
+
+
+class _Telemetry:
+    """Local GPU telemetry for the server's GPUs, if ``tracekit.capture.telemetry`` and a driver exist."""
+
+    def __init__(self, server_info: dict[str, Any], notes: list[Quality], log: Callable[[str], None]) -> None:
+        self.samplers: list[Any] = []
+        try:
+            from tracekit.capture.telemetry import TelemetrySampler
+        except ImportError as e:
+            notes.append(Quality("telemetry_unavailable", f"no GPU telemetry: tracekit.capture.telemetry not importable ({e})", "info"))
+            return
+        try:
+            tp = int(server_info.get("tp_size") or 1)
+            base = int(server_info.get("base_gpu_id") or 0)
+            step = int(server_info.get("gpu_id_step") or 1)
+        except (TypeError, ValueError):
+            tp, base, step = 1, 0, 1
+        said: list[str] = []
+        for r in range(tp):
+            s = TelemetrySampler(rank=r, device=base + r * step, log=said.append)
+            if not s.open():
+                break
+            self.samplers.append(s)
+        if not self.samplers:
+            notes.append(Quality("telemetry_unavailable", "no GPU telemetry" + (f" ({said[0]})" if said else ""), "info"))
+
+    def start(self) -> None:
+        for s in self.samplers:
+            s.start()
+
+    def stop(self) -> Any:
+        import polars as pl
+
+        from tracekit.schema import conform
+
+        frames = []
+        for s in self.samplers:
+            s.stop()
+            rows = s.to_rows()
+            if rows["ts_ns"]:
+                frames.append(conform(pl.DataFrame(rows)))
+        return pl.concat(frames) if frames else None
+
+
+def _start_profile(url: str, body: dict[str, Any], timeout_s: float) -> None:
+    status, payload = _request(url, "/start_profile", method="POST", body=body, timeout_s=timeout_s)
+    if status == 200:
+        return
+    text = _snippet(payload)
+    if status == 500:
+        raise CaptureError(
+            f"SGLang refused /start_profile (HTTP 500 {text or 'Internal Server Error'}): most likely a profile is "
+            "already running (SGLang: 'Profiling is already in progress. Call /stop_profile first.'); wait for it to "
+            f"finish or POST {url.rstrip('/')}/stop_profile, then retry")
+    if status in (401, 403):
+        raise CaptureError(f"SGLang refused /start_profile (HTTP {status} {text}): the server needs an admin API key")
+    raise CaptureError(f"SGLang rejected /start_profile (HTTP {status} {text})")
+
+
+def _stop_profile(url: str, timeout_s: float) -> tuple[bool, str]:
+    """POST /stop_profile; (True, "") when it stopped a profile, (False, why) otherwise. Never raises CaptureError."""
+    try:
+        status, payload = _request(url, "/stop_profile", method="POST", timeout_s=timeout_s)
+    except CaptureError as e:
+        return False, str(e)
+    if status == 200:
+        return True, ""
+    return False, f"HTTP {status} {_snippet(payload)}"
+
+
+def capture_sglang(
+    url: str,
+    duration_s: float,
+    out: str | Path,
+    *,
+    num_steps: int | None = None,
+    start_step: int | None = None,
+    with_stack: bool = False,
+    record_shapes: bool = False,
+    output_dir: str | Path | None = None,
+    poll_timeout_s: float = 300.0,
+    load: int | str | Sequence[int] | None = None,
+    load_spec: Any = None,
+    load_warmup_s: float = 5.0,
+    step_dir: str | Path | None = None,
+    telemetry: bool = True,
+    force: bool = False,
+    progress: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> SGLangCaptureResult:
+    """Capture a running SGLang server into ``trace.parquet`` (one file per load level).
+
+    Steps: ``GET /health`` and ``/server_info`` (saved as ``sglang_server_info``), version gates;
+    optional load at each level of ``load`` (``--load 256,512,1024`` writes ``<stem>-load<N>.parquet``
+    per level); ``POST /start_profile`` with a fresh unique ``output_dir`` and explicit fields;
+    local GPU telemetry meanwhile; ``/stop_profile`` after ``duration_s`` — always, also on Ctrl-C
+    or an error, unless ``num_steps`` made the server stop by itself; wait until every rank's file
+    exists with a stable size; convert all ranks with the step records of ``step_dir`` (``tracekit
+    launch``) and telemetry merged in. ``output_dir`` is where the *server* writes (a unique
+    subdirectory is made in it; default: the system temp dir), so it must be a path both see.
+    """
+    from tracekit.capture.loadgen import LoadSpec, parse_levels
+
+    say = log or ((lambda m: print(f"tracekit: {m}", file=sys.stderr, flush=True)) if progress else (lambda m: None))
+    out = Path(out)
+    levels = parse_levels(load) if not isinstance(load, (list, tuple)) else [int(x) for x in load]
+    many = len(levels) > 1
+    outs = [_level_out(out, lv, many) for lv in (levels or [0])]
+    for o in outs:
+        if o.exists() and not force:
+            raise OutputError(f"{o}: exists; pass --force to overwrite")
+        if not o.parent.exists():
+            raise OutputError(f"{o}: directory {o.parent} does not exist; create it first")
+    if duration_s <= 0 and num_steps is None:
+        raise UsageError("give a positive --duration or --steps")
+
+    info = check_server(url)
+    caps = capabilities(info)
+    result = SGLangCaptureResult(url=url, server_info=info, capabilities=caps)
+    result.quality.extend(caps.notes())
+    if not info:
+        result.quality.append(Quality("sglang_no_server_info", "GET /server_info failed; rank count unknown, "
+                                      "waiting for the files to settle instead"))
+    model = None
+    try:
+        model = _get_json(url, "/model_info", 5.0).get("served_model_name")
+    except CaptureError:
+        pass
+    say(f"SGLang {caps.version or '(version unknown)'} at {url}, tp_size={info.get('tp_size', '?')}")
+    base_dir = Path(output_dir) if output_dir is not None else Path(tempfile.gettempdir())
+    for lv, o in zip(levels or [0], outs):
+        spec = None
+        if lv:
+            spec = load_spec if isinstance(load_spec, LoadSpec) else LoadSpec(concurrency=lv)
+            if spec.concurrency != lv or (model and not spec.model):
+                spec = replace(spec, concurrency=lv, model=spec.model or model)
+        result.levels.append(_capture_level(url, info, caps, o, duration_s=duration_s, num_steps=num_steps,
+                                            start_step=start_step, with_stack=with_stack, record_shapes=record_shapes,
+                                            base_dir=base_dir, poll_timeout_s=poll_timeout_s, spec=spec,
+                                            warmup_s=load_warmup_s, step_dir=step_dir,
+                                            telemetry=telemetry and _is_local(url), force=force, say=say,
+                                            quality=result.quality))
+    if telemetry and not _is_local(url):
+        result.quality.append(Quality("telemetry_remote", f"no GPU telemetry: {url} is not this machine", "info"))
+    return result
+
+
+def _capture_level(url: str, info: dict[str, Any], caps: Capabilities, out: Path, *, duration_s: float,
+                   num_steps: int | None, start_step: int | None, with_stack: bool, record_shapes: bool,
+                   base_dir: Path, poll_timeout_s: float, spec: Any, warmup_s: float, step_dir: Any,
+                   telemetry: bool, force: bool, say: Callable[[str], None], quality: list[Quality]) -> LevelCapture:
+    from tracekit.capture.loadgen import LoadGenerator
+
+    profile_id = f"tracekit-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+    run_dir = (base_dir / profile_id).resolve()
+    try:
+        run_dir.mkdir(parents=True, exist_ok=False)
+    except OSError as e:
+        raise OutputError(f"{run_dir}: cannot create the profile directory ({e}); pass --output-dir") from None
+    body = build_profile_request(str(run_dir), caps=caps, profile_id=profile_id, num_steps=num_steps,
+                                 start_step=start_step, with_stack=with_stack, record_shapes=record_shapes)
+    expected = expected_ranks(info)
+    pid = profile_id if caps.profile_id else None  # only used to check the names: the dir is fresh, glob it all
+    notes: list[Quality] = []
+    tel = _Telemetry(info, notes, say) if telemetry else None
+    gen = LoadGenerator(url, spec) if spec is not None else None
+    load_result = None
+    started = False
+    files: list[Path] | None = None
+    t0 = time.time_ns()
+    try:
+        if gen is not None:
+            say(f"load: {spec.concurrency} concurrent requests ({spec.endpoint}, prompt~{spec.prompt_tokens}, "
+                f"max_tokens={spec.max_tokens}); warming up {warmup_s:g}s")
+            gen.start()
+            time.sleep(warmup_s)
+            gen.mark()
+        if tel is not None:
+            tel.start()
+        t0 = time.time_ns()
+        _start_profile(url, body, timeout_s=60.0)
+        started = True
+        say(f"profiling into {run_dir} " + (f"for {num_steps} steps" if num_steps else f"for {duration_s:g}s"))
+        if num_steps is not None:
+            try:
+                files = wait_for_traces(run_dir, expected=expected, profile_id=None,
+                                        timeout_s=max(duration_s, 0) + poll_timeout_s)
+            except CaptureError:
+                notes.append(Quality("sglang_steps_incomplete", f"{num_steps} steps did not complete in time "
+                                     "(steps advance only while requests are served); stopped the profile by hand"))
+        else:
+            _sleep_with_progress(duration_s, say, gen)
+    finally:
+        if started and files is None:
+            ok, why = _stop_profile(url, timeout_s=poll_timeout_s)
+            if not ok:
+                notes.append(Quality("sglang_stop_failed", f"/stop_profile: {why}" + (
+                    " (the server had stopped by itself)" if num_steps else ""), "info" if num_steps else "warning"))
+        t1 = time.time_ns()
+        tel_df = tel.stop() if tel is not None else None
+        if gen is not None:
+            load_result = gen.stop().to_json()
+    say("waiting for the trace files of every rank")
+    if files is None:
+        files = wait_for_traces(run_dir, expected=expected, profile_id=None, timeout_s=poll_timeout_s)
+    if pid is not None and not all(f.name.startswith(profile_id) or f"-{profile_id}-" in f.name for f in files):
+        notes.append(Quality("sglang_profile_id_ignored", "the server ignored the client profile_id", "info"))
+    extra = [f for f in [tel_df] if f is not None]
+    if step_dir is not None:
+        from tracekit.capture.sglang_plugin import load_step_records
+        import polars as pl
+
+        steps = load_step_records(step_dir)
+        steps = steps.filter((pl.col("ts_ns") >= t0) & (pl.col("ts_ns") <= t1))
+        if steps.height:
+            extra.append(steps)
+        else:
+            notes.append(Quality("sglang_no_step_records", f"no tracekit step records in {step_dir} during the capture; "
+                                 "was the server started with `tracekit launch`?"))
+    quality.extend(notes)
+    meta = {
+        "sglang_server_info": info,
+        "capture": {"target": url, "mode": "sglang", "duration_s": (t1 - t0) / 1e9, "window_ns": [t0, t1],
+                    "profile_request": body, "profile_dir": str(run_dir), "load": load_result,
+                    "sglang_version": caps.version},
+        "quality": [q.to_json() for q in notes],
+    }
+    say(f"converting {len(files)} rank file(s) -> {out}")
+    conv = _convert(files, out, extra_frames=extra, metadata=meta, force=force)
+    return LevelCapture(out=out, load=load_result, files=files, profile_dir=run_dir, profile_request=body,
+                        window_ns=(t0, t1), convert=conv)
+
+
+def _sleep_with_progress(duration_s: float, say: Callable[[str], None], gen: Any) -> None:
+    end = time.monotonic() + duration_s
+    next_say = time.monotonic() + 10.0
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(left, 0.25))
+        if time.monotonic() >= next_say:
+            extra = f", {gen.completed_total} requests done" if gen is not None else ""
+            say(f"{max(0.0, end - time.monotonic()):.0f}s left{extra}")
+            next_say += 10.0
+
+
+def _convert(files: list[Path], out: Path, *, extra_frames: list[Any], metadata: dict[str, Any], force: bool) -> Any:
+    try:
+        from tracekit.ingest.convert import convert
+    except ImportError as e:
+        d = files[0].parent if files else "?"
+        raise CaptureError(f"cannot convert: tracekit.ingest.convert unavailable ({e}); the traces are in {d}, "
+                           "convert them later with `tracekit convert`") from None
+    return convert(list(files), out, force=force, extra_frames=extra_frames, metadata=metadata)

@@ -1,0 +1,289 @@
+"""tracekit's SGLang client against a fake server that follows SGLang 0.5.23's profile contract."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from tracekit._errors import CaptureError, OutputError
+from tracekit.capture import sglang_client as sc
+from tracekit.schema import frame_from_rows
+
+from fake_server import FakeConfig, FakeSGLang  # tests/sglang is on sys.path (rootdir conftest mode)
+
+
+@pytest.fixture
+def converted(monkeypatch):
+    """Record what would be converted; run the real converter when it exists."""
+    calls = []
+    real = sc._convert
+
+    def fake(files, out, *, extra_frames, metadata, force):
+        calls.append({"files": list(files), "out": out, "extra": extra_frames, "meta": metadata})
+        try:
+            import tracekit.ingest.convert  # noqa: F401
+        except ImportError:
+            Path(out).write_bytes(b"placeholder")
+            return None
+        return real(files, out, extra_frames=extra_frames, metadata=metadata, force=force)
+
+    monkeypatch.setattr(sc, "_convert", fake)
+    return calls
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def _posts(fake, path):
+    return [b for m, p, b in fake.requests if p == path]
+
+
+# ------------------------------------------------------------------ detection, version gates, request
+
+
+def test_detect_server():
+    with FakeSGLang(FakeConfig()) as f:
+        assert sc.detect_server(f.url) is True
+    with FakeSGLang(FakeConfig(legacy_model_info=True)) as f:
+        assert sc.detect_server(f.url) is True  # falls back to /get_model_info
+    assert sc.detect_server(f"http://127.0.0.1:{_free_port()}") is False
+
+    class NotSGLang(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b'{"hello": "world"}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), NotSGLang)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        assert sc.detect_server(f"http://127.0.0.1:{srv.server_address[1]}") is False
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.mark.parametrize(
+    "version, profile_id, steps, plugins",
+    [("0.5.23", True, True, True), ("0.5.16.post1", True, True, True), ("0.5.12", False, True, True),
+     ("0.5.10", False, False, False), ("0.5.9rc1", False, False, False), (None, False, None, None)],
+)
+def test_capabilities(version, profile_id, steps, plugins):
+    caps = sc.capabilities({"version": version} if version else {})
+    assert (caps.profile_id, caps.step_spans, caps.plugins) == (profile_id, steps, plugins)
+    codes = {q.code for q in caps.notes()}
+    assert ("sglang_no_profile_id" in codes) is (not profile_id)
+    assert ("sglang_no_step_spans" in codes) is (steps is False)
+
+
+def test_profile_request_is_explicit():
+    new = sc.build_profile_request("/x/run", caps=sc.capabilities({"version": "0.5.23"}), profile_id="tk-1",
+                                   num_steps=5, start_step=3)
+    assert new == {"output_dir": "/x/run", "activities": ["CPU", "GPU"], "with_stack": False, "record_shapes": False,
+                   "num_steps": 5, "start_step": 3, "profile_id": "tk-1"}
+    assert isinstance(new["num_steps"], int) and isinstance(new["start_step"], int)
+    old = sc.build_profile_request("/x/run", caps=sc.capabilities({"version": "0.5.10"}), profile_id="tk-1",
+                                   with_stack=True)
+    assert "profile_id" not in old and old["with_stack"] is True and "num_steps" not in old
+
+
+def test_rank_files_naming(tmp_path):
+    for n in ["p-TP-0.trace.json.gz", "p-TP-1-DP-1.trace.json.gz", "pre-p-TP-2-PP-1-EP-2.trace.json.gz",
+              "p-TP-3-DECODE.trace.json.gz", "merged-p.trace.json.gz", "p-TP-0-memory.pickle", "q-TP-5.trace.json.gz"]:
+        (tmp_path / n).write_bytes(b"x")
+    got = sc.rank_files(tmp_path, "p")
+    assert {k: v.name for k, v in got.items()} == {
+        (0, 0, 0): "p-TP-0.trace.json.gz", (1, 1, 0): "p-TP-1-DP-1.trace.json.gz",
+        (2, 0, 1): "pre-p-TP-2-PP-1-EP-2.trace.json.gz", (3, 0, 0): "p-TP-3-DECODE.trace.json.gz"}
+    assert (5, 0, 0) in sc.rank_files(tmp_path)
+
+
+def test_wait_for_traces_waits_for_growth_and_names_missing_ranks(tmp_path):
+    p0 = tmp_path / "id-TP-0.trace.json.gz"
+
+    def writer():
+        time.sleep(0.3)
+        with open(p0, "wb") as f:
+            for _ in range(4):
+                f.write(b"x" * 1000)
+                f.flush()
+                time.sleep(0.2)
+
+    th = threading.Thread(target=writer)
+    th.start()
+    t = time.monotonic()
+    files = sc.wait_for_traces(tmp_path, expected={(0, 0)}, profile_id=None, timeout_s=10, stable_s=0.5, poll_s=0.05)
+    th.join()
+    assert files == [p0] and p0.stat().st_size == 4000  # did not return while it was growing
+    assert time.monotonic() - t >= 0.3 + 0.6 + 0.5 - 0.1
+    with pytest.raises(CaptureError, match=r"missing trace files for rank\(s\) TP-1, TP-2"):
+        sc.wait_for_traces(tmp_path, expected={(0, 0), (1, 0), (2, 0)}, profile_id=None, timeout_s=0.3, poll_s=0.05)
+    with pytest.raises(CaptureError, match="no SGLang trace files"):
+        sc.wait_for_traces(tmp_path / "nothing", expected=None, profile_id=None, timeout_s=0.2, poll_s=0.05)
+
+
+# ------------------------------------------------------------------ whole captures
+
+
+def test_capture_happy_path(tmp_path, converted):
+    with FakeSGLang(FakeConfig(tp_size=2, rank_delays_s=(0.2, 0.8))) as f:
+        res = sc.capture_sglang(f.url, 0.5, tmp_path / "trace.parquet", output_dir=tmp_path / "prof",
+                                telemetry=False, progress=False, poll_timeout_s=30)
+        starts, stops = _posts(f, "/start_profile"), _posts(f, "/stop_profile")
+    assert len(starts) == 1 and len(stops) == 1
+    body = starts[0]
+    assert body["activities"] == ["CPU", "GPU"] and body["with_stack"] is False and body["record_shapes"] is False
+    assert body["profile_id"].startswith("tracekit-") and Path(body["output_dir"]).parent == (tmp_path / "prof").resolve()
+    lv = res.levels[0]
+    assert [p.name for p in lv.files] == [f"{body['profile_id']}-TP-{r}.trace.json.gz" for r in range(2)]
+    for r, p in enumerate(lv.files):  # complete files: the last one grew for ~0.8 s after stop returned
+        assert json.loads(gzip.decompress(p.read_bytes()))["distributedInfo"]["rank"] == r
+    meta = converted[0]["meta"]
+    assert meta["sglang_server_info"]["tp_size"] == 2 and meta["capture"]["profile_request"] == body
+    assert meta["capture"]["window_ns"][1] > meta["capture"]["window_ns"][0]
+    assert (tmp_path / "trace.parquet").exists()
+
+
+def test_capture_refuses_existing_output_before_touching_server(tmp_path):
+    (tmp_path / "trace.parquet").write_bytes(b"old")
+    with FakeSGLang() as f:
+        with pytest.raises(OutputError, match="--force"):
+            sc.capture_sglang(f.url, 0.2, tmp_path / "trace.parquet", progress=False)
+        assert f.requests == []
+
+
+def test_unreachable_server(tmp_path):
+    with pytest.raises(CaptureError, match="cannot reach SGLang at http://127.0.0.1:"):
+        sc.capture_sglang(f"http://127.0.0.1:{_free_port()}", 0.2, tmp_path / "t.parquet", progress=False)
+
+
+def test_profile_already_running_is_reported_and_left_alone(tmp_path, converted):
+    with FakeSGLang() as f:
+        sc._http(f.url, "/start_profile", method="POST", body={"output_dir": str(tmp_path / "other")})
+        with pytest.raises(CaptureError, match="already running"):
+            sc.capture_sglang(f.url, 0.2, tmp_path / "t.parquet", output_dir=tmp_path, telemetry=False, progress=False)
+        assert _posts(f, "/stop_profile") == []  # somebody else's profile is not stopped
+    assert converted == []
+
+
+def test_missing_rank_is_named_and_profile_still_stopped(tmp_path, converted):
+    with FakeSGLang(FakeConfig(tp_size=3, missing_ranks=(1,), rank_delays_s=(0.1,))) as f:
+        with pytest.raises(CaptureError, match=r"rank\(s\) TP-1 .*2 present"):
+            sc.capture_sglang(f.url, 0.3, tmp_path / "t.parquet", output_dir=tmp_path, telemetry=False,
+                              progress=False, poll_timeout_s=3)
+        assert len(_posts(f, "/stop_profile")) == 1
+    assert converted == []
+
+
+def test_ctrl_c_still_stops_the_profile(tmp_path, monkeypatch):
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sc, "_sleep_with_progress", interrupted)
+    with FakeSGLang() as f:
+        with pytest.raises(KeyboardInterrupt):
+            sc.capture_sglang(f.url, 30, tmp_path / "t.parquet", output_dir=tmp_path, telemetry=False, progress=False)
+        assert len(_posts(f, "/start_profile")) == 1 and len(_posts(f, "/stop_profile")) == 1
+
+
+def test_num_steps_server_stops_by_itself(tmp_path, converted):
+    with FakeSGLang(FakeConfig(tp_size=2)) as f:
+        res = sc.capture_sglang(f.url, 0, tmp_path / "t.parquet", num_steps=5, output_dir=tmp_path,
+                                telemetry=False, progress=False, poll_timeout_s=30)
+        assert _posts(f, "/start_profile")[0]["num_steps"] == 5
+        assert _posts(f, "/stop_profile") == []  # nothing to stop: files came by themselves
+    assert len(res.levels[0].files) == 2
+
+
+def test_num_steps_on_idle_server_is_stopped_by_hand(tmp_path, converted):
+    with FakeSGLang(FakeConfig(tp_size=1, idle_steps=False, rank_delays_s=(0.1,), chunk_gap_s=0.05)) as f:
+        res = sc.capture_sglang(f.url, 0, tmp_path / "t.parquet", num_steps=5, output_dir=tmp_path,
+                                telemetry=False, progress=False, poll_timeout_s=2.5)
+        assert len(_posts(f, "/stop_profile")) == 1
+    assert "sglang_steps_incomplete" in {q.code for q in res.quality}
+    assert len(res.levels[0].files) == 1
+
+
+def test_old_server_without_profile_id(tmp_path, converted):
+    with FakeSGLang(FakeConfig(version="0.5.10", tp_size=2, legacy_model_info=True)) as f:
+        res = sc.capture_sglang(f.url, 0.3, tmp_path / "t.parquet", output_dir=tmp_path, telemetry=False,
+                                progress=False, poll_timeout_s=30)
+        assert "profile_id" not in _posts(f, "/start_profile")[0]
+    codes = {q.code for q in res.quality}
+    assert {"sglang_no_profile_id", "sglang_no_step_spans", "sglang_no_plugins"} <= codes
+    assert len(res.levels[0].files) == 2 and not res.levels[0].files[0].name.startswith("tracekit-")
+
+
+def test_load_sweep_captures_each_level(tmp_path, converted):
+    from tracekit.capture.loadgen import LoadSpec
+
+    with FakeSGLang(FakeConfig(tp_size=1, idle_steps=False, completion_s=0.02)) as f:
+        res = sc.capture_sglang(f.url, 0.6, tmp_path / "trace.parquet", load="2,8", output_dir=tmp_path,
+                                load_spec=LoadSpec(concurrency=1, prompt_tokens=20, max_tokens=7), load_warmup_s=0.3,
+                                telemetry=False, progress=False, poll_timeout_s=30)
+        comps = _posts(f, "/v1/completions")
+    assert [lv.out.name for lv in res.levels] == ["trace-load2.parquet", "trace-load8.parquet"]
+    for lv, c in zip(res.levels, (2, 8)):
+        ld = lv.load
+        assert ld["concurrency"] == c and ld["requests_ok"] > 0 and ld["requests_failed"] == 0
+        assert ld["completion_tokens"] == 7 * ld["requests_ok"] and ld["prompt_tokens"] == 20 * ld["requests_ok"]
+        assert ld["output_tokens_per_s"] == pytest.approx(ld["completion_tokens"] / ld["window_s"])
+        assert ld["latency_ms_p50"] >= 20.0  # the fake takes 20 ms per request
+    # 4x the concurrency at 20 ms per request: clearly more throughput
+    assert res.levels[1].load["requests_per_s"] > 2 * res.levels[0].load["requests_per_s"]
+    assert comps[0]["max_tokens"] == 7 and comps[0]["ignore_eos"] is True and comps[0]["model"] == "fake-glm5"
+    assert [c["meta"]["capture"]["load"]["concurrency"] for c in converted] == [2, 8]
+
+
+# ------------------------------------------------------------------ step records and graph note
+
+
+def test_load_step_records_golden(tmp_path):
+    from tracekit.capture.sglang_plugin import load_step_records
+
+    recs = [
+        {"rank": 1, "tp_rank": 1, "pid": 7, "start_ns": 2000, "end_ns": 2500, "mode": "DECODE", "bs": 4, "tokens": 4,
+         "draft": False, "forward_pass_id": 11, "can_run_graph": True, "label": "tk.fwd[DECODE bs=4 tok=4]"},
+        {"rank": 1, "tp_rank": 1, "pid": 7, "start_ns": 1000, "end_ns": 1900, "mode": "EXTEND", "bs": 2, "tokens": 300,
+         "draft": False, "forward_pass_id": 10, "can_run_graph": False, "label": "tk.fwd[EXTEND bs=2 tok=300]"},
+        {"rank": 1, "tp_rank": 1, "pid": 7, "start_ns": 2100, "end_ns": 2200, "mode": "TARGET_VERIFY", "bs": 4,
+         "tokens": 16, "draft": True, "forward_pass_id": 3, "can_run_graph": True, "label": "x"},
+    ]
+    (tmp_path / "steps-rank1-pid7.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + '\n{"rank": 1, "sta')
+    df = load_step_records(tmp_path)
+    assert df.select("ts_ns", "dur_ns", "step_id", "step_mode", "batch_size", "tokens").rows() == [
+        (1000, 900, 10, "EXTEND", 2, 300), (2000, 500, 11, "DECODE", 4, 4), (2100, 100, 3, "DRAFT", 4, 16)]
+    assert set(df["kind"].cast(pl.String)) == {"step"} and set(df["src"].cast(pl.String)) == {"tracekit.step"}
+    assert load_step_records(tmp_path / "none").height == 0
+
+
+def test_graph_attribution_note():
+    rows = [
+        {"rank": 0, "kind": "kernel", "ts_ns": 0, "dur_ns": 300, "name": "k", "graph_id": 5, "step_id": 1},
+        {"rank": 0, "kind": "kernel", "ts_ns": 300, "dur_ns": 300, "name": "k", "graph_id": 5, "step_id": None},
+        {"rank": 0, "kind": "kernel", "ts_ns": 600, "dur_ns": 400, "name": "k2"},
+        {"rank": 0, "kind": "runtime", "ts_ns": 0, "dur_ns": 9999, "name": "cudaGraphLaunch"},
+    ]
+    q = sc.graph_attribution_note(frame_from_rows(rows))
+    assert q is not None and q.code == "graph_no_layer_attribution"
+    assert q.details == {"graph_kernels": 2, "graph_gpu_time_frac": 0.6, "graph_kernels_without_step": 1}
+    assert "--cuda-graph-backend-decode=disabled" in q.message and "--enable-layerwise-nvtx-marker" in q.message
+    assert sc.graph_attribution_note(frame_from_rows(rows[2:])) is None
