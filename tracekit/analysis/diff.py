@@ -1,0 +1,419 @@
+"""Compare two captures: time per category, steps, tokens/s, collectives, power, kernels, verdict.
+
+:func:`summarize_run` reduces one trace frame to a :class:`RunSummary` using the
+shared analyses (window selection, exclusive breakdown with communication split
+into wait/transfer, collective matching); :func:`diff_runs` compares two
+summaries into a :class:`DiffResult`. Both are pure functions over frames.
+
+Normalization. Captures rarely have the same length, so times are compared on a
+common *basis*: ``per_step`` (ms per step, mean over ranks) when both runs have
+step rows, else ``per_window`` (ms in the analysis window, mean over ranks;
+a quality flag says when the windows differ by more than 10 %).
+
+Kernel matching: per-basis kernel time is matched by exact name first; the time
+of names present in only one run is then pooled per category and compared as a
+``category`` row (e.g. a MoE GEMM kernel renamed by a new backend).
+
+Verdict: short sentences, most important first — headline change (step time
+p50, else GPU busy time), the categories that explain it, tokens/s,
+collective wait vs transfer, the kernel that changed most, power. Changes
+below ``noise_frac`` (default 2 %) read as "no significant change".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import polars as pl
+
+from tracekit._errors import Quality, QualityLog
+
+__all__ = ["RunSummary", "DiffResult", "summarize_run", "diff_runs", "NOISE_FRAC"]
+
+NOISE_FRAC = 0.02
+_GPU = ["kernel", "memcpy", "memset"]
+
+
+@dataclass
+class RunSummary:
+    """One run reduced to the numbers a diff needs. Times in ns; per-rank means unless stated."""
+
+    label: str
+    ranks: list[int]
+    window_ns: float
+    steps_per_rank: float
+    step_p50_ns: float | None
+    step_p90_ns: float | None
+    tokens_per_s: float | None
+    buckets: dict[str, float]  # exclusive time per bucket (categories, comm_wait/comm_transfer, idle), ns
+    busy_ns: float
+    collectives: pl.DataFrame  # coll_name, count, kernel_ns, transfer_ns, wait_ns (per-rank means)
+    kernels: pl.DataFrame  # name, category, count, total_ns (per-rank means)
+    power: dict[str, Any]
+    quality: list[Quality] = field(default_factory=list)
+
+    @property
+    def has_steps(self) -> bool:
+        return self.steps_per_rank > 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "label": self.label, "ranks": self.ranks, "window_ns": self.window_ns,
+            "steps_per_rank": self.steps_per_rank, "step_p50_ns": self.step_p50_ns, "step_p90_ns": self.step_p90_ns,
+            "tokens_per_s": self.tokens_per_s, "busy_ns": self.busy_ns, "buckets_ns": self.buckets,
+            "collectives": self.collectives.to_dicts(), "power": self.power,
+            "quality": [q.to_json() for q in self.quality],
+        }
+
+
+@dataclass
+class DiffResult:
+    """``categories``/``kernels``/``collectives`` tables with before, after, delta (ns on ``basis``)."""
+
+    before: RunSummary
+    after: RunSummary
+    basis: str  # "per_step" | "per_window"
+    scalars: pl.DataFrame  # metric, unit, before, after, delta, rel
+    categories: pl.DataFrame  # bucket, before_ns, after_ns, delta_ns, rel, before_share, after_share
+    collectives: pl.DataFrame  # coll_name, count_*, transfer_*_ns, wait_*_ns, delta columns
+    kernels: pl.DataFrame  # match, name, category, count_before, count_after, before_ns, after_ns, delta_ns, rel
+    verdict: list[str]
+    quality: list[Quality] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "basis": self.basis,
+            "before": self.before.to_json(),
+            "after": self.after.to_json(),
+            "scalars": self.scalars.to_dicts(),
+            "categories": self.categories.to_dicts(),
+            "collectives": self.collectives.to_dicts(),
+            "kernels": self.kernels.to_dicts(),
+            "verdict": list(self.verdict),
+            "quality": [q.to_json() for q in self.quality],
+        }
+
+
+# --------------------------------------------------------------------------------------------- one run
+def _collective_tables(df: pl.DataFrame) -> tuple[pl.DataFrame | None, pl.DataFrame | None, list[Quality]]:
+    """(instances, comm_parts, quality) via tracekit.analysis.collectives; a min-over-ranks fallback otherwise."""
+    try:
+        from tracekit.analysis import collectives as coll
+    except ImportError:  # pragma: no cover - the shared module is part of the package
+        return _fallback_instances(df), None, []
+    inst = coll.match_collectives(df)
+    if inst.height == 0:
+        return inst, None, []
+    return inst, coll.split_communication(df, inst), list(coll.collective_quality(inst))
+
+
+def _fallback_instances(df: pl.DataFrame) -> pl.DataFrame:
+    """n-th communication kernel of each name on every rank = one instance; transfer = min duration."""
+    k = df.filter((pl.col("kind").cast(pl.String) == "kernel") & (pl.col("category").cast(pl.String) == "communication"))
+    if k.height == 0:
+        return pl.DataFrame()
+    k = k.sort("ts_ns").with_columns(pl.int_range(pl.len()).over(["rank", "name"]).alias("seq"))
+    key = ["name", "seq"]
+    return k.with_columns(
+        pl.col("dur_ns").min().over(key).alias("transfer_ns"),
+        pl.min_horizontal(pl.col("ts_ns").max().over(key) - pl.col("ts_ns"), pl.col("dur_ns")).alias("wait_ns"),
+        pl.coalesce(pl.col("coll_name").cast(pl.String), pl.col("name").cast(pl.String)).alias("coll_name"),
+    ).select(pl.col("rank").cast(pl.Int64), "coll_name", "seq", "dur_ns", "wait_ns", "transfer_ns")
+
+
+def _window(df: pl.DataFrame, q: QualityLog):
+    from tracekit.analysis.window import Window, select_window
+
+    try:
+        return select_window(df, quality=q)
+    except Exception:  # noqa: BLE001 - fall back to the extent; the diff must not fail on a window heuristic
+        return Window(None, None)
+
+
+def _buckets(df: pl.DataFrame, window, parts: pl.DataFrame | None) -> tuple[dict[str, float], float, float]:
+    from tracekit.analysis.breakdown import compute_breakdown
+
+    bd = compute_breakdown(df, window, comm_parts=parts)
+    t = bd.table
+    if t.height == 0:
+        return {}, 0.0, 0.0
+    cols = list(bd.buckets) + ["idle"]
+    means = t.select([pl.col(c).cast(pl.Float64).mean().alias(c) for c in cols + ["window_ns", "gpu_busy_ns"]]).row(0, named=True)
+    return {c: float(means[c] or 0.0) for c in cols}, float(means["window_ns"] or 0.0), float(means["gpu_busy_ns"] or 0.0)
+
+
+def _steps(df: pl.DataFrame) -> tuple[float, float | None, float | None, float | None]:
+    st = df.filter(pl.col("kind").cast(pl.String) == "step")
+    if "profiled" in st.columns:
+        st = st.filter(pl.col("profiled").fill_null(True))
+    if st.height == 0:
+        return 0.0, None, None, None
+    per_rank = st.group_by("rank").agg(
+        pl.len().alias("n"),
+        pl.col("tokens").sum().alias("tok"),
+        pl.col("tokens").is_not_null().any().alias("has_tok"),
+        pl.col("ts_ns").min().alias("lo"),
+        (pl.col("ts_ns") + pl.col("dur_ns")).max().alias("hi"),
+    )
+    tps = per_rank.filter(pl.col("has_tok") & (pl.col("hi") > pl.col("lo"))).select(
+        (pl.col("tok") / ((pl.col("hi") - pl.col("lo")) * 1e-9)).mean()
+    ).item()
+    d = st["dur_ns"].cast(pl.Float64)
+    return (float(per_rank["n"].mean()), float(d.quantile(0.5, "nearest")), float(d.quantile(0.9, "nearest")),
+            float(tps) if tps is not None else None)
+
+
+def _power(df: pl.DataFrame, meta: Mapping[str, Any] | None, window) -> dict[str, Any]:
+    c = df.filter(pl.col("kind").cast(pl.String) == "counter")
+    if window.start_ns is not None:
+        c = c.filter(pl.col("ts_ns") >= window.start_ns)
+    if window.end_ns is not None:
+        c = c.filter(pl.col("ts_ns") < window.end_ns)
+    out: dict[str, Any] = {}
+    for name in ("power_w", "sm_active_pct", "tensor_active_pct", "gpc_clock_mhz", "pcie_rx_pct", "pcie_tx_pct"):
+        s = c.filter(pl.col("name").cast(pl.String) == name)
+        if s.height:
+            out[name] = float(s.group_by("rank").agg(pl.col("value").mean())["value"].mean())
+    if "power_w" in out:
+        try:
+            from tracekit.analysis.power import power_verdicts
+
+            pr = power_verdicts(df, meta)
+            if pr.per_rank.height:
+                out["power_busy_w"] = float(pr.per_rank["power_busy_w"].mean() or 0.0)
+                out["verdict_codes"] = sorted(set(pr.per_rank["verdict_code"].to_list()))
+        except Exception:  # noqa: BLE001 - power verdicts are optional decoration
+            pass
+    return out
+
+
+def _kernels(df: pl.DataFrame, window) -> pl.DataFrame:
+    ops = df.filter(pl.col("kind").cast(pl.String).is_in(_GPU))
+    if window.start_ns is not None:
+        ops = ops.filter(pl.col("ts_ns") + pl.col("dur_ns") > window.start_ns)
+    if window.end_ns is not None:
+        ops = ops.filter(pl.col("ts_ns") < window.end_ns)
+    n_ranks = max(ops["rank"].n_unique(), 1)
+    return (
+        ops.group_by(pl.col("name").cast(pl.String), pl.col("category").cast(pl.String).fill_null("other_compute"))
+        .agg(pl.len().alias("count"), pl.col("dur_ns").sum().alias("total_ns"))
+        .with_columns((pl.col("count") / n_ranks).alias("count"), (pl.col("total_ns") / n_ranks).alias("total_ns"))
+    )
+
+
+def _coll_summary(inst: pl.DataFrame | None) -> pl.DataFrame:
+    empty = pl.DataFrame(schema={"coll_name": pl.String, "count": pl.Float64, "kernel_ns": pl.Float64,
+                                 "transfer_ns": pl.Float64, "wait_ns": pl.Float64})
+    if inst is None or inst.height == 0:
+        return empty
+    n_ranks = max(inst["rank"].n_unique(), 1)
+    trans = (pl.col("dur_ns") - pl.col("wait_ns")).clip(lower_bound=0)
+    return (
+        inst.group_by(pl.col("coll_name").cast(pl.String).fill_null("collective"))
+        .agg(pl.len().alias("count"), pl.col("dur_ns").sum().alias("kernel_ns"), trans.sum().alias("transfer_ns"),
+             pl.col("wait_ns").sum().alias("wait_ns"))
+        .with_columns([(pl.col(c).cast(pl.Float64) / n_ranks).alias(c) for c in ("count", "kernel_ns", "transfer_ns", "wait_ns")])
+        .sort("kernel_ns", descending=True)
+    )
+
+
+def summarize_run(df: pl.DataFrame, meta: Mapping[str, Any] | None = None, *, label: str = "run") -> RunSummary:
+    """Reduce one finalized trace frame (all ranks) to a :class:`RunSummary`."""
+    q = QualityLog()
+    ranks = sorted(int(r) for r in df["rank"].unique().to_list()) if df.height else []
+    win = _window(df, q)
+    inst, parts, cq = _collective_tables(df)
+    buckets, window_ns, busy = _buckets(df, win, parts)
+    steps, p50, p90, tps = _steps(df)
+    if not df.filter(pl.col("kind").cast(pl.String).is_in(_GPU)).height:
+        q.add("diff_no_gpu_ops", f"{label}: no GPU ops; nothing to compare")
+    return RunSummary(
+        label=label, ranks=ranks, window_ns=window_ns, steps_per_rank=steps, step_p50_ns=p50, step_p90_ns=p90,
+        tokens_per_s=tps, buckets=buckets, busy_ns=busy, collectives=_coll_summary(inst), kernels=_kernels(df, win),
+        power=_power(df, meta, win), quality=list(q) + cq,
+    )
+
+
+# --------------------------------------------------------------------------------------------- two runs
+def _rel(b: float | None, a: float | None) -> float | None:
+    if b is None or a is None or b == 0:
+        return None
+    return (a - b) / b
+
+
+def _scale(s: RunSummary, basis: str) -> float:
+    return 1.0 / s.steps_per_rank if basis == "per_step" and s.steps_per_rank else 1.0
+
+
+def _match_kernels(b: RunSummary, a: RunSummary, sb: float, sa: float, top: int) -> pl.DataFrame:
+    kb = b.kernels.select("name", "category", pl.col("count").alias("count_before"), (pl.col("total_ns") * sb).alias("before_ns"))
+    ka = a.kernels.select("name", "category", pl.col("count").alias("count_after"), (pl.col("total_ns") * sa).alias("after_ns"))
+    # a name's category can differ between runs only through rules; match on name, keep the before category
+    nb = kb.group_by("name").agg(pl.col("category").first(), pl.col("count_before").sum(), pl.col("before_ns").sum())
+    na = ka.group_by("name").agg(pl.col("category").first().alias("category_a"), pl.col("count_after").sum(),
+                                 pl.col("after_ns").sum())
+    j = nb.join(na, on="name", how="full", coalesce=True)
+    both = j.filter(pl.col("before_ns").is_not_null() & pl.col("after_ns").is_not_null()).select(
+        pl.lit("name").alias("match"), "name", "category", "count_before", "count_after", "before_ns", "after_ns")
+    only = j.filter(pl.col("before_ns").is_null() | pl.col("after_ns").is_null()).with_columns(
+        pl.coalesce("category", "category_a").alias("category"))
+    by_cat = only.group_by("category").agg(
+        pl.col("count_before").sum(), pl.col("count_after").sum(),
+        pl.col("before_ns").sum(), pl.col("after_ns").sum(),
+        pl.col("name").filter(pl.col("before_ns").is_not_null()).n_unique().alias("_nb"),
+        pl.col("name").filter(pl.col("after_ns").is_not_null()).n_unique().alias("_na"),
+    ).select(
+        pl.lit("category").alias("match"),
+        pl.format("[{} kernels: {} name(s) only before, {} only after]", pl.col("category"), pl.col("_nb"), pl.col("_na")).alias("name"),
+        "category", "count_before", "count_after", "before_ns", "after_ns",
+    )
+    out = pl.concat([both, by_cat], how="vertical_relaxed").with_columns(
+        pl.col("before_ns").fill_null(0.0), pl.col("after_ns").fill_null(0.0),
+        pl.col("count_before").fill_null(0).cast(pl.Float64), pl.col("count_after").fill_null(0).cast(pl.Float64),
+    ).with_columns(
+        (pl.col("after_ns") - pl.col("before_ns")).alias("delta_ns"),
+        pl.when(pl.col("before_ns") > 0).then((pl.col("after_ns") - pl.col("before_ns")) / pl.col("before_ns")).alias("rel"),
+    )
+    return out.sort([pl.col("delta_ns").abs(), pl.col("name")], descending=[True, False]).head(top)
+
+
+def _categories(b: RunSummary, a: RunSummary, sb: float, sa: float) -> pl.DataFrame:
+    order = list(dict.fromkeys(list(b.buckets) + list(a.buckets)))
+    rows = []
+    for k in order:
+        vb, va = b.buckets.get(k, 0.0) * sb, a.buckets.get(k, 0.0) * sa
+        rows.append({
+            "bucket": k, "before_ns": vb, "after_ns": va, "delta_ns": va - vb, "rel": _rel(vb, va),
+            "before_share": b.buckets.get(k, 0.0) / b.window_ns if b.window_ns else None,
+            "after_share": a.buckets.get(k, 0.0) / a.window_ns if a.window_ns else None,
+        })
+    schema = {"bucket": pl.String, "before_ns": pl.Float64, "after_ns": pl.Float64, "delta_ns": pl.Float64,
+              "rel": pl.Float64, "before_share": pl.Float64, "after_share": pl.Float64}
+    return pl.DataFrame(rows, schema=schema)
+
+
+def _collectives(b: RunSummary, a: RunSummary, sb: float, sa: float) -> pl.DataFrame:
+    cols = ("count", "kernel_ns", "transfer_ns", "wait_ns")
+    cb = b.collectives.select("coll_name", *[(pl.col(c) * (1.0 if c == "count" else sb)).alias(f"{c}_before") for c in cols])
+    ca = a.collectives.select("coll_name", *[(pl.col(c) * (1.0 if c == "count" else sa)).alias(f"{c}_after") for c in cols])
+    j = cb.join(ca, on="coll_name", how="full", coalesce=True)
+    return j.with_columns(
+        [pl.col(f"{c}_{s}").fill_null(0.0) for c in cols for s in ("before", "after")]
+    ).with_columns(
+        [(pl.col(f"{c}_after") - pl.col(f"{c}_before")).alias(f"{c}_delta") for c in cols[1:]]
+    ).sort("kernel_ns_before", descending=True)
+
+
+def _scalars(b: RunSummary, a: RunSummary) -> pl.DataFrame:
+    rows = [
+        ("window", "ms", b.window_ns / 1e6, a.window_ns / 1e6),
+        ("gpu_busy", "ms", b.busy_ns / 1e6, a.busy_ns / 1e6),
+        ("steps_per_rank", "", b.steps_per_rank or None, a.steps_per_rank or None),
+        ("step_p50", "ms", _ms(b.step_p50_ns), _ms(a.step_p50_ns)),
+        ("step_p90", "ms", _ms(b.step_p90_ns), _ms(a.step_p90_ns)),
+        ("tokens_per_s", "tok/s", b.tokens_per_s, a.tokens_per_s),
+    ]
+    for k, unit in (("power_w", "W"), ("power_busy_w", "W"), ("sm_active_pct", "%"), ("tensor_active_pct", "%"),
+                    ("gpc_clock_mhz", "MHz"), ("pcie_rx_pct", "%"), ("pcie_tx_pct", "%")):
+        if k in b.power or k in a.power:
+            rows.append((k, unit, b.power.get(k), a.power.get(k)))
+    if b.tokens_per_s and a.tokens_per_s and "power_w" in b.power and "power_w" in a.power:
+        rows.append(("energy_per_token", "mJ/tok", b.power["power_w"] / b.tokens_per_s * 1e3,
+                     a.power["power_w"] / a.tokens_per_s * 1e3))
+    out = [{"metric": m, "unit": u, "before": vb, "after": va,
+            "delta": (va - vb) if vb is not None and va is not None else None, "rel": _rel(vb, va)}
+           for m, u, vb, va in rows]
+    return pl.DataFrame(out, schema={"metric": pl.String, "unit": pl.String, "before": pl.Float64, "after": pl.Float64,
+                                     "delta": pl.Float64, "rel": pl.Float64})
+
+
+def _ms(ns: float | None) -> float | None:
+    return None if ns is None else ns / 1e6
+
+
+def _pct(r: float) -> str:
+    return f"{r * 100:+.1f}%"
+
+
+def _verdict(d: DiffResult, noise: float) -> list[str]:
+    b, a, unit = d.before, d.after, ("ms/step" if d.basis == "per_step" else "ms")
+    out: list[str] = []
+    if b.step_p50_ns and a.step_p50_ns:
+        r = (a.step_p50_ns - b.step_p50_ns) / b.step_p50_ns
+        head = (f"no significant change in step time (p50 {b.step_p50_ns / 1e6:.3f} → {a.step_p50_ns / 1e6:.3f} ms)"
+                if abs(r) < noise else
+                f"{a.label} is {abs(r) * 100:.1f}% {'faster' if r < 0 else 'slower'} per step "
+                f"(p50 {b.step_p50_ns / 1e6:.3f} → {a.step_p50_ns / 1e6:.3f} ms)")
+    else:
+        sb, sa = _scale(b, d.basis), _scale(a, d.basis)
+        vb, va = b.busy_ns * sb, a.busy_ns * sa
+        r = _rel(vb, va) or 0.0
+        head = (f"no significant change in GPU busy time ({vb / 1e6:.2f} → {va / 1e6:.2f} {unit})" if abs(r) < noise else
+                f"GPU busy time {'down' if r < 0 else 'up'} {abs(r) * 100:.1f}% in {a.label} "
+                f"({vb / 1e6:.2f} → {va / 1e6:.2f} {unit})")
+    out.append(head)
+    cats = d.categories.filter(pl.col("bucket") != "idle")
+    total = float(cats["delta_ns"].abs().sum() or 0.0)
+    sig = cats.filter(pl.col("delta_ns").abs() >= max(noise * float(cats["before_ns"].sum() or 0.0), 1.0)).sort(
+        pl.col("delta_ns").abs(), descending=True).head(3)
+    if sig.height and total > 0:
+        parts = [f"{r['bucket']} {r['delta_ns'] / 1e6:+.3f} {unit}" + (f" ({_pct(r['rel'])})" if r["rel"] is not None else "")
+                 for r in sig.to_dicts()]
+        out.append("largest changes by category: " + ", ".join(parts))
+    idle = d.categories.filter(pl.col("bucket") == "idle")
+    if idle.height:
+        r0 = idle.row(0, named=True)
+        if r0["before_ns"] and abs(r0["delta_ns"]) >= noise * max(r0["before_ns"], 1.0) and abs(r0["delta_ns"]) > 0.1 * total:
+            out.append(f"GPU idle time {r0['delta_ns'] / 1e6:+.3f} {unit}: host/launch-side change")
+    if b.tokens_per_s and a.tokens_per_s:
+        r = (a.tokens_per_s - b.tokens_per_s) / b.tokens_per_s
+        if abs(r) >= noise:
+            out.append(f"throughput {b.tokens_per_s:,.0f} → {a.tokens_per_s:,.0f} tokens/s ({_pct(r)})")
+    if d.collectives.height:
+        tw = d.collectives.select(pl.col("wait_ns_delta").sum(), pl.col("transfer_ns_delta").sum()).row(0)
+        kb = float(d.collectives["kernel_ns_before"].sum() or 0.0)
+        if kb and (abs(tw[0]) >= noise * kb or abs(tw[1]) >= noise * kb):
+            out.append(f"collectives: transfer {tw[1] / 1e6:+.3f} {unit}, wait {tw[0] / 1e6:+.3f} {unit}"
+                       + (" (waiting on slower ranks changed more than the transfers)" if abs(tw[0]) > abs(tw[1]) else ""))
+    if d.kernels.height:
+        k = d.kernels.row(0, named=True)
+        if abs(k["delta_ns"]) > 0 and (k["before_ns"] == 0 or abs(k["delta_ns"]) >= noise * k["before_ns"]):
+            nm = k["name"] if len(k["name"]) <= 80 else k["name"][:77] + "..."
+            out.append(f"kernel that changed most: {nm} {k['delta_ns'] / 1e6:+.3f} {unit}"
+                       + (f" ({_pct(k['rel'])})" if k["rel"] is not None else ""))
+    pb, pa = b.power.get("power_w"), a.power.get("power_w")
+    if pb and pa and abs(pa - pb) / pb >= noise:
+        out.append(f"mean power {pb:.0f} → {pa:.0f} W ({_pct((pa - pb) / pb)})")
+    return out
+
+
+def diff_runs(
+    before: pl.DataFrame | RunSummary,
+    after: pl.DataFrame | RunSummary,
+    *,
+    before_meta: Mapping[str, Any] | None = None,
+    after_meta: Mapping[str, Any] | None = None,
+    labels: tuple[str, str] = ("before", "after"),
+    top: int = 15,
+    noise_frac: float = NOISE_FRAC,
+) -> DiffResult:
+    """Compare two runs (frames or summaries); see the module docstring."""
+    b = before if isinstance(before, RunSummary) else summarize_run(before, before_meta, label=labels[0])
+    a = after if isinstance(after, RunSummary) else summarize_run(after, after_meta, label=labels[1])
+    q = QualityLog()
+    basis = "per_step" if b.has_steps and a.has_steps else "per_window"
+    if basis == "per_window" and b.window_ns and a.window_ns and abs(a.window_ns - b.window_ns) > 0.1 * b.window_ns:
+        q.add("diff_windows_differ", f"analysis windows differ ({b.window_ns / 1e6:.1f} vs {a.window_ns / 1e6:.1f} ms) "
+              "and there are no steps to normalize by; compare shares rather than times")
+    if b.has_steps != a.has_steps:
+        q.add("diff_steps_one_side", "only one run has step rows; times compared per window, not per step")
+    if b.ranks and a.ranks and len(b.ranks) != len(a.ranks):
+        q.add("diff_rank_count", f"runs have different rank counts ({len(b.ranks)} vs {len(a.ranks)}); times are per-rank means")
+    sb, sa = _scale(b, basis), _scale(a, basis)
+    res = DiffResult(
+        before=b, after=a, basis=basis, scalars=_scalars(b, a), categories=_categories(b, a, sb, sa),
+        collectives=_collectives(b, a, sb, sa), kernels=_match_kernels(b, a, sb, sa, top), verdict=[], quality=list(q),
+    )
+    res.verdict = _verdict(res, noise_frac)
+    return res

@@ -1,0 +1,64 @@
+"""``tracekit diff``: compare two trace.parquet captures."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from tracekit._errors import OutputError, UsageError
+from tracekit.commands._common import handle_errors
+
+__all__ = ["register"]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("diff")
+    @handle_errors
+    def diff(
+        before: Path = typer.Argument(..., help="Baseline trace.parquet."),
+        after: Path = typer.Argument(..., help="Changed trace.parquet."),
+        as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON on stdout."),
+        html_out: Optional[Path] = typer.Option(None, "--html", help="Also write a self-contained HTML page here."),
+        force: bool = typer.Option(False, "--force", help="Overwrite the --html file."),
+        top: int = typer.Option(15, "--top", help="Kernels to list."),
+        labels: Optional[str] = typer.Option(None, "--labels", help="Names of the two runs, e.g. untuned,tuned."),
+    ) -> None:
+        """Compare two captures: time per category, step time p50/p90, tokens/s, collective transfer vs wait,
+        power, the kernels whose time changed most, and a short verdict."""
+        from tracekit.analysis.diff import diff_runs
+        from tracekit.schema import atomic_path, read_trace
+
+        if top < 1:
+            raise UsageError("--top must be at least 1")
+        if labels:
+            parts = [p.strip() for p in labels.split(",")]
+            if len(parts) != 2 or not all(parts):
+                raise UsageError(f"--labels {labels!r}: give two names separated by a comma")
+            names = (parts[0], parts[1])
+        else:
+            names = (before.stem, after.stem) if before.stem != after.stem else ("before", "after")
+        if html_out is not None and html_out.resolve() in (before.resolve(), after.resolve()):
+            raise UsageError(f"--html {html_out}: refusing to overwrite an input")
+        if html_out is not None and html_out.exists() and not force:
+            raise OutputError(f"{html_out}: exists; pass --force to overwrite")
+        bdf, bmeta = read_trace(before)
+        adf, ameta = read_trace(after)
+        res = diff_runs(bdf, adf, before_meta=bmeta, after_meta=ameta, labels=names, top=top)
+        if html_out is not None:
+            from tracekit.report.diff_html import render_html
+
+            page = render_html(res)
+            with atomic_path(html_out, force=force) as tmp:
+                tmp.write_text(page, encoding="utf-8")
+        if as_json:
+            sys.stdout.write(json.dumps(res.to_json(), default=str, indent=1) + "\n")
+        else:
+            from tracekit.report.diff_terminal import render_terminal
+
+            render_terminal(res)
+            if html_out is not None:
+                typer.echo(f"wrote {html_out}")
