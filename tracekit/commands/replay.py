@@ -1,0 +1,51 @@
+"""`tracekit replay`: what-if predictions from the trace's dependency graph."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from tracekit.commands._common import handle_errors
+
+__all__ = ["register"]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("replay")
+    @handle_errors
+    def replay_cmd(
+        trace: Path = typer.Argument(..., help="trace.parquet of the baseline run."),
+        what_if: List[str] = typer.Option(
+            [], "--what-if", "-w",
+            help="Scenario (repeatable): moe_gemm=0.33 | re:fused_moe.*=0.5 | allreduce=bw:400GB/s,lat:5us | "
+                 "allreduce=nvlink-h200 | no-host-sync | cuda-graph[:node=0.3us,launch=10us]; '+' combines."),
+        durations_from: Optional[Path] = typer.Option(
+            None, "--durations-from", help="trace.parquet of the same workload: substitute its per-kernel durations "
+                                           "(oracle scenario)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+        out: Optional[Path] = typer.Option(None, "--out", help="Write the JSON to this file instead of stdout."),
+        force: bool = typer.Option(False, "--force", help="Overwrite --out."),
+        no_calibrate: bool = typer.Option(False, "--no-calibrate", help="Do not fit the CPU-gap scale."),
+        gap_scale: Optional[float] = typer.Option(None, "--gap-scale", help="Use this CPU-gap scale instead of fitting."),
+    ) -> None:
+        """Replay a trace's dependency graph and predict step time and tokens/s under what-ifs."""
+        from tracekit.replay import replay
+        from tracekit.schema import atomic_path, read_trace
+
+        df, meta = read_trace(trace)
+        target = read_trace(durations_from)[0] if durations_from is not None else None
+        res = replay(df, meta, what_if, durations_from=target, calibrate=not no_calibrate, gap_scale=gap_scale)
+        if out is not None:
+            with atomic_path(out, force=force) as tmp:
+                tmp.write_text(json.dumps(res.to_json(), indent=1, default=str))
+        if as_json and out is None:
+            json.dump(res.to_json(), sys.stdout, indent=1, default=str)
+            sys.stdout.write("\n")
+        elif not as_json:
+            from tracekit.replay.render import render_replay
+
+            render_replay(res)
