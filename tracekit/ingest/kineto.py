@@ -126,7 +126,7 @@ class _EvTyped(_Ev):
 
 
 class _Top(msgspec.Struct):
-    traceEvents: msgspec.Raw = msgspec.Raw(b"[]")  # noqa: N815 - JSON key
+    traceEvents: msgspec.Raw = msgspec.Raw(b"")  # noqa: N815 - JSON key; empty = key absent
     baseTimeNanoseconds: Any = None  # noqa: N815
     distributedInfo: Any = None  # noqa: N815
     deviceProperties: Any = None  # noqa: N815
@@ -395,6 +395,8 @@ def read_kineto(path: str | Path, rank: int | None = None, *, exact: bool | None
     quality = QualityLog()
     raw_events = bytes(top.traceEvents)
     del data, top
+    if not raw_events:
+        raise InputError(f"{p}: no 'traceEvents' key; not a Kineto/Chrome trace (e.g. a PyTorch execution trace)")
     if raw_events.strip()[:1] != b"[":
         raise InputError(f"{p}: 'traceEvents' is not a list; not a Kineto trace")
     if exact is None:

@@ -1,0 +1,165 @@
+"""read_kineto on tiny hand-built Kineto documents: known rows, ns-exact times, clear errors."""
+
+from __future__ import annotations
+
+import gzip
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "golden"))
+from kineto_doc import RawNum, annotation, cpu_op, doc, kernel, memcpy, runtime, write_doc  # noqa: E402
+
+from tracekit._errors import InputError  # noqa: E402
+from tracekit.ingest.kineto import read_kineto  # noqa: E402
+from tracekit.schema import POLARS_SCHEMA  # noqa: E402
+
+
+def _k(df: pl.DataFrame, kind: str) -> pl.DataFrame:
+    return df.filter(pl.col("kind").cast(pl.String) == kind)
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_basic_rows_and_columns(tmp_path: Path, exact: bool) -> None:
+    evs = [
+        runtime("cudaLaunchKernel", 10, 5, corr=42, ext=7, tid=3),
+        kernel("my_kernel", 20, 8, corr=42, stream=13, device=1),
+        memcpy("Memcpy HtoD (Pageable -> Device)", 30, 2, corr=43, nbytes=65536),
+        cpu_op("aten::mm", 9, 7, tid=3, **{"External id": 7}),
+        annotation("my_range", 8, 30, tid=3),
+    ]
+    p = write_doc(tmp_path / "t.json", doc(evs, rank=1, base_ns=1_000_000_000_000))
+    df, meta = read_kineto(p, exact=exact)
+    assert df.schema == pl.Schema(POLARS_SCHEMA)
+    assert meta["rank"] == 1 and meta["world_size"] == 2 and meta["base_time_ns"] == 1_000_000_000_000
+    assert sorted(df["kind"].cast(pl.String).to_list()) == ["cpu_op", "kernel", "memcpy", "range", "runtime"]
+    k = _k(df, "kernel").row(0, named=True)
+    assert k["ts_ns"] == 1_000_000_000_000 + 20_000 and k["dur_ns"] == 8_000
+    assert (k["rank"], k["device"], k["stream"], k["correlation"]) == (1, 1, 13, 42)
+    assert (k["grid_x"], k["grid_y"], k["grid_z"], k["block_x"], k["block_y"], k["block_z"]) == (4, 2, 1, 128, 1, 1)
+    assert (k["registers_per_thread"], k["shared_mem_bytes"]) == (32, 1024)
+    m = _k(df, "memcpy").row(0, named=True)
+    assert (m["memcpy_kind"], m["src_mem"], m["dst_mem"], m["bytes"]) == ("HtoD", "Pageable", "Device", 65536)
+    r = _k(df, "runtime").row(0, named=True)
+    assert (r["tid"], r["correlation"], r["external_id"], r["device"]) == (3, 42, 7, None)
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_epoch_float_timestamps_are_ns_exact(tmp_path: Path, exact: bool) -> None:
+    # absolute-epoch µs with ns digits (PyTorch >= 2.3 with ns resolution): a float64 would round these
+    evs = [
+        kernel("k0", RawNum("1712195495505543.217"), RawNum("1.001"), corr=1),
+        kernel("k1", RawNum("1712195495505545.999"), RawNum("0.5"), corr=2),
+        kernel("k2", RawNum("1712195495505546"), RawNum("2"), corr=3),
+    ]
+    p = write_doc(tmp_path / "ns.json", doc(evs, rank=0, displayTimeUnit="ns"))
+    df, _ = read_kineto(p, exact=exact)
+    k = _k(df, "kernel").sort("ts_ns")
+    assert k["ts_ns"].to_list() == [1712195495505543217, 1712195495505545999, 1712195495505546000]
+    assert k["dur_ns"].to_list() == [1001, 500, 2000]
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_base_time_plus_relative_ts(tmp_path: Path, exact: bool) -> None:
+    base = 1_767_225_600_000_000_000
+    evs = [kernel("k", RawNum("3600000000.123"), RawNum("12.345"), corr=1), kernel("k", 5, 1, corr=2)]
+    p = write_doc(tmp_path / "b.json.gz", doc(evs, rank=0, base_ns=base))
+    df, _ = read_kineto(p, exact=exact)
+    k = _k(df, "kernel").sort("ts_ns")
+    assert k["ts_ns"].to_list() == [base + 5_000, base + 3_600_000_000_123]
+    assert k["dur_ns"].to_list() == [1_000, 12_345]
+
+
+def test_sub_ns_digits_round_half_up(tmp_path: Path) -> None:
+    evs = [kernel("k", RawNum("100.0004"), RawNum("1.0005"), corr=1)]
+    df, _ = read_kineto(write_doc(tmp_path / "r.json", doc(evs, rank=0)), exact=True)
+    assert (df["ts_ns"][0], df["dur_ns"][0]) == (100_000, 1_001)
+
+
+def test_record_param_comms_fields(tmp_path: Path) -> None:
+    rpc = cpu_op(
+        "record_param_comms", 10, 20, tid=5,
+        **{"Collective name": "allreduce", "In msg nelems": 1024, "Out msg nelems": 1024, "Group size": 2,
+           "dtype": "BFloat16", "Process Group Name": "0", "Process Group Description": "default_pg",
+           "Process Group Ranks": "[0, 1]", "Seq": 3},
+    )
+    df, _ = read_kineto(write_doc(tmp_path / "c.json", doc([rpc], rank=0)))
+    r = df.row(0, named=True)
+    assert (r["coll_name"], r["coll_in_nelems"], r["coll_out_nelems"], r["coll_group_size"]) == ("allreduce", 1024, 1024, 2)
+    assert (r["coll_dtype"], r["pg_name"], r["pg_desc"], r["pg_ranks"], r["coll_seq"]) == ("BFloat16", "0", "default_pg", "[0, 1]", 3)
+
+
+def test_rank_argument_and_missing_rank(tmp_path: Path) -> None:
+    p = write_doc(tmp_path / "x.json", doc([kernel("k", 1, 1, corr=1)]))
+    df, meta = read_kineto(p)
+    assert meta["rank"] is None
+    df, meta = read_kineto(p, rank=5)
+    assert meta["rank"] == 5 and df["rank"].unique().to_list() == [5]
+
+
+def test_unknown_categories_become_quality_note(tmp_path: Path) -> None:
+    evs = [kernel("k", 1, 1, corr=1), {"ph": "X", "cat": "weird_cat", "name": "w", "pid": 0, "tid": 0, "ts": 1, "dur": 1},
+           {"ph": "X", "cat": "python_function", "name": "f", "pid": 0, "tid": 0, "ts": 1, "dur": 1}]
+    df, meta = read_kineto(write_doc(tmp_path / "u.json", doc(evs, rank=0)))
+    assert df.height == 1
+    codes = {q["code"]: q for q in meta["quality"]}
+    assert codes["unknown_event_kinds"]["details"]["unknown"] == {"weird_cat": 1}
+
+
+def test_negative_duration_clamped_with_flag(tmp_path: Path) -> None:
+    df, meta = read_kineto(write_doc(tmp_path / "n.json", doc([kernel("k", 10, -3, corr=1)], rank=0)))
+    assert df["dur_ns"].to_list() == [0]
+    assert "negative_durations" in {q["code"] for q in meta["quality"]}
+
+
+# ---- bad input: one-line InputError naming the file and saying why -----------------------------
+
+
+@pytest.mark.parametrize(
+    "content, why",
+    [
+        (b"", "empty"),
+        (b"{\"traceEvents\": [{\"ph\": \"X\", ", "invalid JSON"),
+        (b"[1, 2, 3]", "traceEvents"),
+        (b"{\"traceEvents\": 5}", "not a list"),
+        (b"{\"schema\": \"1.0.1\", \"nodes\": []}", "traceEvents"),  # PyTorch execution trace (Chakra ET)
+        (b"{\"foo\": 1}", "traceEvents"),
+    ],
+)
+def test_bad_input_one_line_error(tmp_path: Path, content: bytes, why: str) -> None:
+    p = tmp_path / "bad.json"
+    p.write_bytes(content)
+    with pytest.raises(InputError) as ei:
+        read_kineto(p)
+    msg = str(ei.value)
+    assert str(p) in msg and why in msg and "\n" not in msg
+
+
+def test_truncated_gzip(tmp_path: Path) -> None:
+    p = tmp_path / "t.json.gz"
+    p.write_bytes(gzip.compress(b'{"traceEvents": []}' * 100)[:30])
+    with pytest.raises(InputError, match="gzip"):
+        read_kineto(p)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="cannot read"):
+        read_kineto(tmp_path / "nope.json")
+
+
+def test_exact_and_fast_paths_agree_on_mixed_doc(tmp_path: Path) -> None:
+    evs = []
+    for i in range(300):
+        evs.append(runtime("cudaLaunchKernel", 10 * i, 2, corr=i + 1, ext=i))
+        evs.append(kernel(f"k{i % 7}", 10 * i + 3, RawNum(f"{i % 5}.25"), corr=i + 1, stream=7 + i % 3))
+        evs.append(cpu_op("aten::add", 10 * i - 1, 4, **{"External id": i}))
+    evs.append({"ph": "i", "cat": "cpu_instant_event", "name": "x", "pid": 1, "tid": 1, "ts": 5, "s": "t"})
+    evs.append({"ph": "i", "name": "marker", "pid": 1, "tid": 1, "ts": 6, "s": "t"})
+    p = write_doc(tmp_path / "m.json", doc(evs, rank=0, base_ns=10**18))
+    a, _ = read_kineto(p, exact=False)
+    b, _ = read_kineto(p, exact=True)
+    assert a.height == 901
+    assert_frame_equal(a, b, categorical_as_str=True)
