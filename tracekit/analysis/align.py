@@ -89,6 +89,8 @@ def align_clocks(
     if instances is None:
         instances = match_collectives(df)
     ends = instances.filter((pl.col("quality") == "ok") & (pl.col("n_ranks") >= 2)).select("pg", "seq", "rank", "end_ns")
+    if ends.height:  # relative times keep float math exact (absolute ns exceed float64 precision)
+        ends = ends.with_columns(pl.col("end_ns") - int(ends["end_ns"].min()))
     n_inst = ends.select(pl.struct("pg", "seq").n_unique()).item() if ends.height else 0
     if n_inst < min_instances:
         q.add("clock_alignment_skipped",
