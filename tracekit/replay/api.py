@@ -74,17 +74,26 @@ class Replayer:
     def __init__(self, df: pl.DataFrame, graph: ReplayGraph | None = None) -> None:
         self.g = graph if graph is not None else build_graph(df)
         self.sched: Schedule = make_schedule(self.g)
+        modes = self.g.steps.get_column("step_mode").drop_nulls()
+        #: steps compared are those of the dominant forward mode (DECODE in a serving trace)
+        self.mode: str | None = modes.mode().sort().item(0) if modes.len() else None
+
+    def _sel(self, st: pl.DataFrame) -> pl.DataFrame:
+        if self.mode is None:
+            return st
+        keep = self.g.steps.filter(pl.col("step_mode") == self.mode).select("rank", "step_ord")
+        return st.join(keep, on=["rank", "step_ord"], how="semi")
 
     def step_series(self, inp: SimInputs) -> tuple[np.ndarray, pl.DataFrame, Any]:
         res = simulate(self.g, inp, self.sched)
-        st = step_times(self.g, res.t, inp.vdur)
+        st = self._sel(step_times(self.g, res.t, inp.vdur))
         return job_step_series(st), st, res
 
     def observed_series(self) -> np.ndarray:
-        return job_step_series(step_times(self.g, None))
+        return job_step_series(self._sel(step_times(self.g, None)))
 
     def tokens_p50(self) -> float | None:
-        tok = self.g.steps.get_column("tokens").drop_nulls()
+        tok = self._sel(self.g.steps).get_column("tokens").drop_nulls()
         return float(tok.median()) if tok.len() else None
 
 
@@ -116,7 +125,7 @@ def replay(
     self_x, _st, _res = rp.step_series(base_in)
     self_p50, _ = _stats(self_x)
     self_err = (self_p50 - obs_p50) / obs_p50 if obs_p50 else float("nan")
-    unp: UnprofiledTiming | None = unprofiled_timing(df, meta)
+    unp: UnprofiledTiming | None = unprofiled_timing(df, meta, rp.mode)
     scale, calibrated = 1.0, False
     if gap_scale is not None:
         scale = float(gap_scale)
@@ -152,6 +161,7 @@ def replay(
         "tokens_per_s": (tok / b_p50 * 1e9) if tok and b_p50 else None,
         "critical_path_ns": critical_path_breakdown(g, bres, bst, critical_path_steps),
         "n_steps": int(bx.size),
+        "step_mode": rp.mode,
     }
     scen: list[WhatIf] = list(wis)
     if durations_from is not None:

@@ -37,9 +37,11 @@ def job_step_series(steps: pl.DataFrame, key: str = "step_ord", dur: str = "dur_
     return s.get_column(dur).to_numpy().astype(float)
 
 
-def unprofiled_timing(df: pl.DataFrame, meta: dict | None = None) -> UnprofiledTiming | None:
-    """The unprofiled step timings recorded at capture, or None if the trace has none."""
+def unprofiled_timing(df: pl.DataFrame, meta: dict | None = None, mode: str | None = None) -> UnprofiledTiming | None:
+    """The unprofiled step timings recorded at capture (only ``step_mode == mode`` when given), or None."""
     st = df.filter((pl.col("kind").cast(pl.String) == "step") & (pl.col("profiled") == False))  # noqa: E712
+    if mode is not None:
+        st = st.filter(pl.col("step_mode").cast(pl.String) == mode)
     if st.height == 0:
         return None
     if "src" in st.columns:

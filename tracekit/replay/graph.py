@@ -205,6 +205,10 @@ class _Builder:
 
 
 _CAT_INDEX = {c: i for i, c in enumerate(CATEGORIES)}
+_COLS = ("rank", "kind", "ts_ns", "dur_ns", "device", "stream", "tid", "name", "category", "family", "correlation",
+         "launch_ts_ns", "launch_tid", "launch_name", "pg_name", "coll_seq", "coll_name", "coll_in_nelems",
+         "coll_out_nelems", "coll_dtype", "coll_group_size", "bytes", "step_id", "step_mode", "tokens", "profiled",
+         "src")
 
 
 def _main_tid(r: pl.DataFrame, steps: pl.DataFrame, ops: pl.DataFrame) -> Any:
@@ -229,19 +233,24 @@ def build_graph(df: pl.DataFrame) -> ReplayGraph:
     if not need.issubset(df.columns):
         raise InputError(f"trace frame lacks columns {sorted(need - set(df.columns))}; pass a trace.parquet frame")
     q = QualityLog()
-    kind_s = pl.col("kind").cast(pl.String)
+    kind_s = pl.col("kind")
     gpu_all = df.filter(kind_s.is_in(list(GPU_OP_KINDS)))
     if gpu_all.height == 0:
         raise InputError("trace has no GPU ops (kernel/memcpy/memset rows); replay needs a CUDA trace")
     if df.filter(kind_s == "runtime").height == 0:
         raise InputError("trace has no CUDA runtime rows; capture with CUDA activities (torch.profiler CUDA) to replay")
-    origin = int(df.select(pl.col("ts_ns").min()).item())
     ranks = sorted(int(x) for x in gpu_all.get_column("rank").unique().to_list())
+    del gpu_all
+    keep = [c for c in _COLS if c in df.columns]
+    df = df.filter(kind_s.is_in([*GPU_OP_KINDS, "runtime", "sync", "step"])).select(keep)
+    origin = int(df.select(pl.col("ts_ns").min()).item())
+    parts = {int(k[0]): v for k, v in df.partition_by("rank", as_dict=True).items()}
+    del df
 
     b = _Builder()
     per_rank: list[dict[str, Any]] = []
     for rank in ranks:
-        per_rank.append(_rank_vertices(b, df.filter(pl.col("rank") == rank), rank, origin, q))
+        per_rank.append(_rank_vertices(b, parts.pop(rank), rank, origin, q))
 
     ops = pl.concat([p["ops"] for p in per_rank], how="vertical_relaxed")
     instances, op_inst = _collective_instances(ops, q, len(ranks))
@@ -300,8 +309,12 @@ def build_graph(df: pl.DataFrame) -> ReplayGraph:
 
 
 def _rank_vertices(b: _Builder, r: pl.DataFrame, rank: int, origin: int, q: QualityLog) -> dict[str, Any]:
-    kind_s = pl.col("kind").cast(pl.String)
+    kind_s = pl.col("kind")
     steps = r.filter((kind_s == "step") & (pl.col("profiled").fill_null(True))).sort("ts_ns")
+    # annotation steps (on the launching thread) win over tracekit.step records of the same forwards
+    ann = steps.filter(pl.col("src").cast(pl.String).fill_null("") != "tracekit.step")
+    if ann.height:
+        steps = ann
     ops = r.filter(kind_s.is_in(list(GPU_OP_KINDS)))
     tid = _main_tid(r, steps, ops)
     synthetic = steps.height == 0
@@ -508,8 +521,7 @@ def _rank_edges(b: _Builder, p: dict[str, Any], ops: pl.DataFrame, instances: pl
 
     # ---- graph launches: ops sharing a correlation with a cudaGraphLaunch
     corr = ops.get_column("correlation").fill_null(-1).to_numpy()
-    lname = ops.get_column("launch_name").fill_null("").to_numpy()
-    is_graph = np.isin(lname, _GRAPH_LAUNCH)
+    is_graph = ops.get_column("launch_name").is_in(list(_GRAPH_LAUNCH)).fill_null(False).to_numpy()
     # within one launch, ops whose stream predecessor belongs to the same launch have no launch edge
     graph_inner = is_graph & (prev >= 0) & (corr == np.where(prev >= 0, corr[np.maximum(prev, 0)], -2))
 
@@ -574,7 +586,7 @@ def _rank_edges(b: _Builder, p: dict[str, Any], ops: pl.DataFrame, instances: pl
 def _event_edges(p: dict[str, Any], ops: pl.DataFrame, o_lts: np.ndarray, stream: np.ndarray, prev: np.ndarray,
                  q: QualityLog) -> tuple[np.ndarray, np.ndarray]:
     """(source op row, dependent op row) pairs for cross-stream waits, with the c10d fallback."""
-    rt, names = p["rt"], p["rt_names"].to_numpy()
+    rt, names_s = p["rt"], p["rt_names"]
     r_ts = _np(rt.get_column("ts_ns")) - p["origin"]
     r_corr = rt.get_column("correlation").fill_null(-1).to_numpy()
     n_ops = o_lts.size
@@ -584,11 +596,12 @@ def _event_edges(p: dict[str, Any], ops: pl.DataFrame, o_lts: np.ndarray, stream
     l_sorted = o_lts[lorder]
     srcs: list[np.ndarray] = []
     dsts: list[np.ndarray] = []
-    waits = np.flatnonzero(np.isin(names, _STREAM_WAIT))
+    waits = np.flatnonzero(names_s.is_in(list(_STREAM_WAIT)).to_numpy())
+    rec_mask = names_s.is_in(list(_EVENT_RECORD)).to_numpy()
     if waits.size:
         sync = p["sync"]
         wmap = dict(zip(sync.get_column("correlation").to_list(), sync.get_column("stream").to_list()))
-        rec_idx = np.flatnonzero(np.isin(names, _EVENT_RECORD))
+        rec_idx = np.flatnonzero(rec_mask)
         rec_ts = r_ts[rec_idx]
         w_ts = r_ts[waits]
         # source: last op launched before the preceding event record
@@ -613,9 +626,9 @@ def _event_edges(p: dict[str, Any], ops: pl.DataFrame, o_lts: np.ndarray, stream
     src = np.concatenate(srcs) if srcs else np.zeros(0, np.int64)
     dst = np.concatenate(dsts) if dsts else np.zeros(0, np.int64)
     # c10d fallback for communication ops on side streams without an incoming event edge
-    cat = ops.get_column("category").to_numpy()
+    is_comm = (ops.get_column("category") == "communication").fill_null(False).to_numpy()
     main = int(np.bincount(stream - stream.min()).argmax() + stream.min()) if n_ops else -1
-    side_coll = np.flatnonzero((cat == "communication") & (stream != main))
+    side_coll = np.flatnonzero(is_comm & (stream != main))
     side_coll = side_coll[~np.isin(side_coll, dst)]
     if side_coll.size:
         is_main = stream[lorder] == main
@@ -632,7 +645,7 @@ def _event_edges(p: dict[str, Any], ops: pl.DataFrame, o_lts: np.ndarray, stream
         q.add("replay_c10d_fallback", f"{side_coll.size} side-stream collectives without a resolvable event wait: "
               "using the c10d fallback (main stream → collective → next main-stream op)", severity="info",
               rank=p["rank"])
-    if waits.size and (not np.isin(names, _EVENT_RECORD).any()):
+    if waits.size and not rec_mask.any():
         q.add("replay_unresolved_waits", f"{waits.size} cudaStreamWaitEvent calls without a cudaEventRecord on "
               "the launching thread; their cross-stream edges are missing", rank=p["rank"])
     return src.astype(np.int64), dst.astype(np.int64)
@@ -682,13 +695,14 @@ def _cpu_edges(b: _Builder, p: dict[str, Any], ops: pl.DataFrame, o_lts: np.ndar
     rank = p["rank"]
     if n == 0:
         return {"sync_self_ns": 0, "sync_tail_ns": 0, "n_syncs": 0}
-    names = p["rt_names"].to_numpy()
+    names_s = p["rt_names"]
     rt_vid = p["rt_vid"]
     r_ts = _np(p["rt"].get_column("ts_ns")) - p["origin"]
     r_dur = _np(p["rt"].get_column("dur_ns"))
     r_corr = p["rt"].get_column("correlation").fill_null(-1).to_numpy()
-    kinds = np.array([BLOCKING_CALLS.get(str(x), "") for x in names], dtype=object) if names.size else np.zeros(0, object)
-    blk = np.flatnonzero(kinds != "")
+    kinds_s = names_s.replace_strict(BLOCKING_CALLS, default="", return_dtype=pl.String)
+    blk = np.flatnonzero((kinds_s != "").to_numpy())
+    kinds = kinds_s.gather(blk).to_numpy() if blk.size else np.zeros(0, object)
     o_ts = _np(ops.get_column("ts"))
     # waited op per blocking call (one per stream for device syncs)
     w_call: list[np.ndarray] = []
@@ -697,7 +711,7 @@ def _cpu_edges(b: _Builder, p: dict[str, Any], ops: pl.DataFrame, o_lts: np.ndar
         sync = p["sync"]
         smap = {int(c): int(s) for c, s in zip(sync.get_column("correlation").fill_null(-1).to_list(),
                                               sync.get_column("stream").fill_null(-1).to_list()) if s is not None}
-        k = kinds[blk]
+        k = kinds
         t = r_ts[blk]
         # stream syncs
         m = k == "stream"
@@ -716,7 +730,7 @@ def _cpu_edges(b: _Builder, p: dict[str, Any], ops: pl.DataFrame, o_lts: np.ndar
                 w_op.append(w)
         m = k == "event"
         if m.any():
-            rec = np.flatnonzero(np.isin(names, _EVENT_RECORD))
+            rec = np.flatnonzero(names_s.is_in(list(_EVENT_RECORD)).to_numpy())
             ri = _asof_back(r_ts[rec], t[m])
             qt = np.where(ri >= 0, r_ts[rec][np.maximum(ri, 0)], t[m]) if rec.size else t[m]
             w = _last_on_stream_before(o_lts, o_ts, stream, qt, np.full(int(m.sum()), -2))
