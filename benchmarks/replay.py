@@ -65,7 +65,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ops", type=int, default=1_000_000)
     ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--acceptance", help="folder of capture fixtures (loop, grouped, ...): run the §9 protocol")
     a = ap.parse_args()
+    if a.acceptance:
+        rows = acceptance(a.acceptance)
+        print_table(rows)
+        for r in rows:
+            for n in r.get("notes", []):
+                print(f"  {r['what_if']}: {n}")
+        return
     df = synth(a.ops, a.ranks)
     t = time.perf_counter()
     rp = Replayer(df)
@@ -80,6 +88,97 @@ def main() -> None:
           f"collective instances, {a.ranks} ranks")
     print(f"graph build + schedule: {t_build:.2f} s; one replay (simulate + step times): {t_sim:.2f} s "
           f"({t_sim / g.n_edges * 1e9:.0f} ns/edge); self-replay error {err:.2e}")
+
+
+
+# ----------------------------------------------------------------------------- acceptance protocol
+
+
+def _class_ratio(base_df: pl.DataFrame, tgt_df: pl.DataFrame, category: str) -> float:
+    """Ratio of the median per-step summed duration of a category (target / base); transfers for communication."""
+    from tracekit.replay.graph import build_graph
+
+    def per_step(df: pl.DataFrame) -> float:
+        g = build_graph(df)
+        if category == "communication":
+            return float(g.instances.get_column("transfer_ns").median() or 0)
+        o = g.ops.filter((pl.col("category") == category) & (pl.col("step_ord") >= 0))
+        return float(o.group_by(["rank", "step_ord"]).agg(pl.col("dur").sum()).get_column("dur").median() or 0)
+
+    b = per_step(base_df)
+    return per_step(tgt_df) / b if b else 1.0
+
+
+def acceptance(folder: str) -> list[dict]:
+    """Run replay_model.md §9 on the capture helper's fixtures; returns table rows."""
+    from pathlib import Path
+
+    from tracekit.replay import replay
+    from tracekit.replay.calibrate import unprofiled_timing
+    from tracekit.schema import read_trace
+
+    files = {p.stem: p for p in sorted(Path(folder).glob("*.parquet"))}
+
+    def find(name: str):
+        hits = [p for s, p in files.items() if s == name or s.endswith(name) or s.startswith(name + ".")]
+        return read_trace(hits[0]) if hits else None
+
+    traces = {n: find(n) for n in ("loop", "grouped", "grouped_p2p_off", "straggler", "graphs")}
+    rows: list[dict] = []
+    for n, t in traces.items():
+        if t is None:
+            continue
+        r = replay(t[0], t[1])
+        b = r.baseline
+        rows.append({"what_if": f"self-replay {n}", "predicted_ms": b["self_replay_step_ns_p50"] / 1e6,
+                     "measured_ms": b["profiled_step_ns_p50"] / 1e6, "error": b["self_replay_error"],
+                     "noise": r.noise["relative"] if r.noise else None, "scale": r.calibration_scale,
+                     "calibrated_error": b["calibrated_error"]})
+
+    def case(label: str, base: str, tgt: str, specs: list[str], oracle: bool) -> None:
+        if traces.get(base) is None or traces.get(tgt) is None:
+            return
+        bdf, bmeta = traces[base]
+        tdf, tmeta = traces[tgt]
+        r = replay(bdf, bmeta, specs, durations_from=tdf if oracle else None)
+        mode = r.baseline["step_mode"]
+        unp = unprofiled_timing(tdf, tmeta, mode)
+        measured = unp.p50 if unp else float("nan")
+        noise = max(x for x in (unp.noise if unp else None, r.noise["relative"] if r.noise else None, 0.0)
+                    if x is not None)
+        for p in r.what_if:
+            rows.append({"what_if": f"{label}: {p.spec}", "predicted_ms": p.step_ns_p50 / 1e6,
+                         "measured_ms": measured / 1e6, "error": p.step_ns_p50 / measured - 1,
+                         "noise": noise, "baseline_ms": r.baseline["step_ns_p50"] / 1e6,
+                         "measured_baseline_ms": r.baseline["measured_step_ns_p50"] / 1e6, "scale": r.calibration_scale,
+                         "notes": p.notes})
+
+    if traces.get("loop") and traces.get("grouped"):
+        ratio = _class_ratio(traces["loop"][0], traces["grouped"][0], "moe_gemm")
+        case("loop → grouped", "loop", "grouped", [f"moe_gemm={ratio:.4f}"], True)
+        ratio = _class_ratio(traces["grouped"][0], traces["loop"][0], "moe_gemm")
+        case("grouped → loop", "grouped", "loop", [f"moe_gemm={ratio:.4f}"], True)
+    if traces.get("grouped") and traces.get("grouped_p2p_off"):
+        ratio = _class_ratio(traces["grouped"][0], traces["grouped_p2p_off"][0], "communication")
+        case("NCCL default → host memory", "grouped", "grouped_p2p_off", [f"communication={ratio:.4f}"], True)
+        ratio = _class_ratio(traces["grouped_p2p_off"][0], traces["grouped"][0], "communication")
+        case("host memory → NCCL default", "grouped_p2p_off", "grouped", [f"communication={ratio:.4f}"], True)
+    if traces.get("grouped") and traces.get("graphs"):
+        case("eager → CUDA graph", "grouped", "graphs", ["cuda-graph"], False)
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    def f(x, pct=False):
+        if x is None or x != x:
+            return "-"
+        return f"{x:+.2%}" if pct else f"{x:.3f}"
+
+    print("| what-if | predicted ms | measured ms | error | noise |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        noise = "-" if r.get("noise") is None else f"{r['noise']:.2%}"
+        print(f"| {r['what_if']} | {f(r['predicted_ms'])} | {f(r['measured_ms'])} | {f(r['error'], True)} | {noise} |")
 
 
 if __name__ == "__main__":
