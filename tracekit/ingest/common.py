@@ -35,6 +35,7 @@ STEP_PATTERNS = {
     "tk.fwd": r"^tk\.fwd\[(?P<mode>[A-Z_]+)(?: bs=(?P<bs>\d+))?(?: tok=(?P<tok>\d+))?(?P<draft> draft)?[^\]]*\]",
     "sglang.step": r"^step\[(?P<mode>[A-Z_]+)(?: bs=(?P<bs>\d+))?(?: toks=(?P<tok>\d+))?[^\]]*\]",
     "profiler_step": r"^ProfilerStep#(?P<id>\d+)$",
+    "numbered_step": r"^(?:step|Step|STEP|iteration|iter)[ _#-]?(?P<id>\d+)$",
 }
 
 
@@ -58,10 +59,11 @@ def parse_steps(df: pl.DataFrame) -> pl.DataFrame:
     hit = is_range & name.str.contains(rx)
     ext = name.str.extract_groups(rx)
     fields = ext.struct
-    mode = fields.field("mode") if tag != "profiler_step" else pl.lit(None, dtype=pl.String)
-    bs = fields.field("bs").cast(pl.Int32, strict=False) if tag != "profiler_step" else pl.lit(None, dtype=pl.Int32)
-    tok = fields.field("tok").cast(pl.Int64, strict=False) if tag != "profiler_step" else pl.lit(None, dtype=pl.Int64)
-    sid = fields.field("id").cast(pl.Int64, strict=False) if tag == "profiler_step" else pl.lit(None, dtype=pl.Int64)
+    numbered = tag in ("profiler_step", "numbered_step")
+    mode = fields.field("mode") if not numbered else pl.lit(None, dtype=pl.String)
+    bs = fields.field("bs").cast(pl.Int32, strict=False) if not numbered else pl.lit(None, dtype=pl.Int32)
+    tok = fields.field("tok").cast(pl.Int64, strict=False) if not numbered else pl.lit(None, dtype=pl.Int64)
+    sid = fields.field("id").cast(pl.Int64, strict=False) if numbered else pl.lit(None, dtype=pl.Int64)
     out = df.with_columns(
         pl.when(hit).then(pl.lit("step")).otherwise(pl.col("kind").cast(pl.String)).alias("kind"),
         pl.when(hit).then(mode).otherwise(pl.col("step_mode").cast(pl.String)).alias("step_mode"),
@@ -78,7 +80,7 @@ def parse_steps(df: pl.DataFrame) -> pl.DataFrame:
         .otherwise(pl.col("tokens"))
         .alias("tokens")
     )
-    if tag != "profiler_step":
+    if not numbered:
         out = out.with_columns(
             pl.when(is_step).then((pl.col("ts_ns").rank("ordinal").over(is_step) - 1).cast(pl.Int64)).otherwise(pl.col("step_id")).alias("step_id")
         )
