@@ -67,6 +67,11 @@ class Schedule:
     edge_perm: np.ndarray  # edges sorted by destination position
     ptr: list[int]
     src_pos: list[int]
+    deg: list[int]  # in-degree by position
+    e1: np.ndarray  # index into edge_perm of each position's first in-edge (0 if none)
+    e2: np.ndarray  # ... second in-edge
+    s1: list[int]  # source position of the first / second in-edge
+    s2: list[int]
 
 
 def make_schedule(g: ReplayGraph, max_passes: int = 64) -> Schedule:
@@ -99,7 +104,14 @@ def make_schedule(g: ReplayGraph, max_passes: int = 64) -> Schedule:
     perm = np.argsort(dpos, kind="stable")
     counts = np.bincount(dpos, minlength=n)
     ptr = np.concatenate([[0], np.cumsum(counts)])
-    return Schedule(order=order, pos=pos, edge_perm=perm, ptr=ptr.tolist(), src_pos=pos[src][perm].tolist())
+    sp = pos[src][perm]
+    m = max(sp.size - 1, 0)
+    e1 = np.minimum(ptr[:-1], m)
+    e2 = np.minimum(ptr[:-1] + 1, m)
+    s1 = np.where(counts >= 1, sp[e1] if sp.size else 0, 0)
+    s2 = np.where(counts >= 2, sp[e2] if sp.size else 0, 0)
+    return Schedule(order=order, pos=pos, edge_perm=perm, ptr=ptr.tolist(), src_pos=sp.tolist(),
+                    deg=counts.tolist(), e1=e1, e2=e2, s1=s1.tolist(), s2=s2.tolist())
 
 
 def _kahn(n: int, src: np.ndarray, dst: np.ndarray, tiebreak: np.ndarray) -> np.ndarray:
@@ -151,24 +163,33 @@ class SimResult:
 def simulate(g: ReplayGraph, inp: SimInputs, sched: Schedule) -> SimResult:
     """Longest path: t[v] = max(base[v], max over in-edges (t[src] + w))."""
     w = edge_weights(g, inp)
-    wl = w[sched.edge_perm].tolist()
-    src = sched.src_pos
-    ptr = sched.ptr
-    base = g.vbase[sched.order].tolist()
-    t = base  # filled in place, by position
-    n = len(t)
-    lo = 0
-    for v in range(n):
-        hi = ptr[v + 1]
-        best = t[v]
-        for e in range(lo, hi):
-            x = t[src[e]] + wl[e]
-            if x > best:
-                best = x
-        t[v] = best
-        lo = hi
+    wp = w[sched.edge_perm]
+    wl = wp.tolist()
+    if wp.size:
+        w1 = wp[sched.e1].tolist()
+        w2 = wp[sched.e2].tolist()
+    else:
+        w1 = w2 = [0] * g.n_vertices
+    src, ptr, deg, s1, s2 = sched.src_pos, sched.ptr, sched.deg, sched.s1, sched.s2
+    t = g.vbase[sched.order].tolist()  # filled in place, by position
+    for v in range(len(t)):
+        d = deg[v]
+        if d == 0:
+            continue
+        x = t[s1[v]] + w1[v]
+        if d >= 2:
+            y = t[s2[v]] + w2[v]
+            if y > x:
+                x = y
+            if d > 2:
+                for e in range(ptr[v] + 2, ptr[v + 1]):
+                    y = t[src[e]] + wl[e]
+                    if y > x:
+                        x = y
+        if x > t[v]:
+            t[v] = x
     tp = np.asarray(t, dtype=np.int64)
-    out = np.empty(n, np.int64)
+    out = np.empty(tp.size, np.int64)
     out[sched.order] = tp
     return SimResult(out, w, inp)
 
