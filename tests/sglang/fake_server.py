@@ -113,6 +113,7 @@ class FakeSGLang:
         self.written: list[Path] = []
         self.writers: list[threading.Thread] = []
         self._quit = threading.Event()
+        self._ready = threading.Event()  # the scheduler has imported torch and entered its loop
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -245,6 +246,9 @@ class FakeSGLang:
 
         prof = None
         runner = _Runner()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):  # first start is slow
+            torch.randn(2, 2) @ torch.randn(2, 2)
+        self._ready.set()
         while not self._quit.is_set():
             with self.lock:
                 busy = self.cfg.idle_steps or self.active_requests > 0
@@ -338,6 +342,8 @@ class FakeSGLang:
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
         self._sched = threading.Thread(target=self._scheduler, daemon=True)
         self._sched.start()
+        if not self._ready.wait(120):
+            raise RuntimeError("fake SGLang scheduler did not start")
         return self
 
     def close(self) -> None:

@@ -287,3 +287,79 @@ def test_graph_attribution_note():
     assert q.details == {"graph_kernels": 2, "graph_gpu_time_frac": 0.6, "graph_kernels_without_step": 1}
     assert "--cuda-graph-backend-decode=disabled" in q.message and "--enable-layerwise-nvtx-marker" in q.message
     assert sc.graph_attribution_note(frame_from_rows(rows[2:])) is None
+
+
+# ------------------------------------------------------------------ through the real converter
+
+
+def _needs_convert():
+    return pytest.importorskip("tracekit.ingest.convert")
+
+
+def test_end_to_end_trace_has_ranks_steps_and_server_info(tmp_path, monkeypatch):
+    _needs_convert()
+    from tracekit.schema import read_trace
+
+    steps = tmp_path / "steps"
+    monkeypatch.setenv("TRACEKIT_STEP_DIR", str(steps))  # the fake server's forwards run tracekit's hook
+    with FakeSGLang(FakeConfig(tp_size=2, hook=True)) as f:
+        res = sc.capture_sglang(f.url, 0.8, tmp_path / "trace.parquet", output_dir=tmp_path, step_dir=steps,
+                                telemetry=False, progress=False, poll_timeout_s=30)
+    df, meta = read_trace(res.out)
+    assert sorted(df["rank"].unique().to_list()) == [0, 1]
+    assert meta["sglang_server_info"]["version"] == "0.5.23"
+    assert meta["capture"]["profile_request"]["with_stack"] is False
+    st = df.filter(pl.col("kind").cast(pl.String) == "step")
+    src = st["src"].cast(pl.String)
+    from_trace = st.filter(src != "tracekit.step")
+    from_records = st.filter(src == "tracekit.step")
+    # tk.fwd ranges in the profiler trace became steps on both ranks, with mode/bs/tokens parsed
+    assert from_trace.height > 0 and from_records.height > 0
+    assert set(from_trace["step_mode"].cast(pl.String)) <= {"DECODE", "EXTEND"}
+    ext = from_trace.filter(pl.col("step_mode").cast(pl.String) == "EXTEND")
+    if ext.height:
+        assert (ext["tokens"] == ext["batch_size"] * 64).all()
+    t0, t1 = meta["capture"]["window_ns"]
+    assert from_records["ts_ns"].min() >= t0 and from_records["ts_ns"].max() <= t1
+
+
+def _graph_trace(path: Path) -> None:
+    base = 1_760_000_000_000_000_000
+    ev = [
+        {"ph": "X", "cat": "user_annotation", "name": "tk.fwd[DECODE bs=32 tok=32]", "pid": 10, "tid": 10,
+         "ts": 100.0, "dur": 50.0},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "pid": 10, "tid": 10, "ts": 120.0, "dur": 10.0,
+         "args": {"correlation": 500, "External id": 1}},
+        {"ph": "X", "cat": "user_annotation", "name": "tk.fwd[DECODE bs=32 tok=32]", "pid": 10, "tid": 10,
+         "ts": 300.0, "dur": 50.0},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "pid": 10, "tid": 10, "ts": 320.0, "dur": 10.0,
+         "args": {"correlation": 501, "External id": 2}},
+    ]
+    for corr, t in ((500, 140.0), (501, 340.0)):
+        for i, name in enumerate(["fused_moe_kernel", "cross_device_reduce_1stage", "rmsnorm_kernel"]):
+            ev.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": t + i * 20.0, "dur": 15.0,
+                       "args": {"correlation": corr, "graph id": 3, "device": 0, "stream": 7, "External id": 0}})
+    doc = {"schemaVersion": 1, "baseTimeNanoseconds": base, "distributedInfo": {"rank": 0, "world_size": 1},
+           "deviceProperties": [], "traceEvents": ev}
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+
+
+def test_graph_kernels_attributed_to_launching_forward(tmp_path):
+    conv = _needs_convert()
+    from tracekit.schema import read_trace
+
+    src = tmp_path / "g-TP-0.trace.json.gz"
+    _graph_trace(src)
+    conv.convert([src], tmp_path / "g.parquet")
+    df, _ = read_trace(tmp_path / "g.parquet")
+    steps = df.filter(pl.col("kind").cast(pl.String) == "step").sort("ts_ns")
+    k = df.filter(pl.col("kind").cast(pl.String) == "kernel").sort("ts_ns")
+    assert steps.height == 2 and k.height == 6
+    assert k["graph_id"].to_list() == [3] * 6
+    # each graph's kernels carry the step whose range launched them (joined by correlation)
+    ids = steps["step_id"].to_list()
+    assert k["step_id"].to_list() == [ids[0]] * 3 + [ids[1]] * 3
+    assert (k["launch_name"].cast(pl.String) == "cudaGraphLaunch").all()
+    q = sc.graph_attribution_note(df)
+    assert q is not None and q.details["graph_kernels"] == 6 and q.details["graph_kernels_without_step"] == 0
+    assert q.details["graph_gpu_time_frac"] == 1.0

@@ -617,6 +617,9 @@ def _capture_level(url: str, info: dict[str, Any], caps: Capabilities, out: Path
         from tracekit.capture.sglang_plugin import load_step_records
         import polars as pl
 
+        lag_s = 1.5 - (time.time_ns() - t1) / 1e9  # ranks flush step records every <= 1 s
+        if lag_s > 0:
+            time.sleep(lag_s)
         steps = load_step_records(step_dir)
         steps = steps.filter((pl.col("ts_ns") >= t0) & (pl.col("ts_ns") <= t1))
         if steps.height:

@@ -208,6 +208,7 @@ def _write_record(rec: dict[str, Any]) -> None:
             p.mkdir(parents=True, exist_ok=True)
             st.fh = open(p / f"steps-rank{rec['rank']}-pid{rec['pid']}.jsonl", "a", encoding="utf-8")  # noqa: SIM115
             atexit.register(_flush, True)
+            threading.Thread(target=_flusher, name="tracekit-step-flush", daemon=True).start()
         st.buf.append(json.dumps(rec, separators=(",", ":")))
         now = time.monotonic()
         if now - st.last_flush >= _FLUSH_EVERY_S:
@@ -221,6 +222,16 @@ def _flush_locked() -> None:
         st.fh.write("\n".join(st.buf) + "\n")
         st.fh.flush()
         st.buf.clear()
+
+
+def _flusher() -> None:
+    """Flush buffered records every interval, so an idle server's last records reach the disk."""
+    while _STATE.fh is not None:
+        time.sleep(_FLUSH_EVERY_S / 2)
+        try:
+            _flush()
+        except (OSError, ValueError):
+            return
 
 
 def _flush(close: bool = False) -> None:
