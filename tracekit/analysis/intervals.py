@@ -140,15 +140,40 @@ def covered_by(
     end: str = "end",
     payload: Sequence[str] = (),
 ) -> pl.DataFrame:
-    """For each point, the latest-starting interval containing it (``join_asof`` backward).
+    """For each point, the innermost (latest-starting) interval containing it.
 
     Adds ``payload`` columns of the matching interval (null when none contains
-    the point). Correct for nested intervals when the innermost starts last.
+    the point). Exact for properly nested intervals (CPU ranges of one
+    thread): a ``join_asof`` finds the latest interval starting at or before
+    the point; when that one has already ended, a sweep over interval
+    boundaries finds the enclosing interval still open at that nesting depth.
     """
     keys = _by(by)
-    iv = intervals.select(keys + [pl.col(start).alias("_s"), pl.col(end).alias("_e")] + list(payload)).sort(keys + ["_s"])
+    iv = intervals.select(keys + [pl.col(start).alias("_s"), pl.col(end).alias("_e")] + list(payload))
+    iv = iv.sort(keys + ["_s", "_e"], descending=[False] * len(keys) + [False, True])
     pts = points.with_row_index("_i").sort(keys + [at])
     j = pts.join_asof(iv, left_on=at, right_on="_s", by=keys or None, strategy="backward", check_sortedness=False)
     inside = pl.col(at) < pl.col("_e")
+    miss = j.filter(pl.col("_s").is_not_null() & ~inside)
+    if miss.height:
+        j = pl.concat([j.filter(pl.col("_s").is_null() | inside), _enclosing(miss.select(pts.columns), iv, keys, at)],
+                      how="vertical_relaxed")
+        inside = pl.col(at) < pl.col("_e")
     j = j.with_columns([pl.when(inside).then(pl.col(p)).otherwise(None).alias(p) for p in payload])
     return j.sort("_i").drop(["_i", "_s", "_e"])
+
+
+def _enclosing(pts: pl.DataFrame, iv: pl.DataFrame, keys: list[str], at: str) -> pl.DataFrame:
+    """Points whose latest-starting interval has ended: match the open interval at their depth."""
+    iv = iv.with_row_index("_id")
+    starts = iv.select(keys + [pl.col("_s").alias("_t"), pl.lit(1).alias("_d"), pl.lit(1).alias("_o"), (-pl.col("_e")).alias("_x"), "_id"])
+    ends = iv.select(keys + [pl.col("_e").alias("_t"), pl.lit(-1).alias("_d"), pl.lit(0).alias("_o"), pl.lit(0, dtype=pl.Int64).alias("_x"), "_id"])
+    ev = pl.concat([starts, ends.with_columns(pl.col("_x").cast(starts.schema["_x"]))]).sort(keys + ["_t", "_o", "_x"])
+    depth = pl.col("_d").cum_sum()
+    ev = ev.with_columns((depth.over(keys) if keys else depth).alias("_depth"))
+    p = pts.join_asof(ev.select(keys + ["_t", "_depth"]), left_on=at, right_on="_t", by=keys or None,
+                      strategy="backward", check_sortedness=False).drop("_t")
+    open_at = ev.filter(pl.col("_d") == 1).select(keys + ["_t", "_depth", "_id"])
+    p = p.sort(keys + [at]).join_asof(open_at, left_on=at, right_on="_t", by=keys + ["_depth"],
+                                     strategy="backward", check_sortedness=False).drop(["_t", "_depth"])
+    return p.join(iv.drop(keys), on="_id", how="left").drop("_id")
