@@ -8,6 +8,7 @@ message and a non-zero exit code (no traceback).
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import typer
@@ -46,6 +47,12 @@ def main() -> None:
     except KeyboardInterrupt:
         print("tracekit: interrupted", file=sys.stderr)
         sys.exit(130)
+    except Exception as e:  # noqa: BLE001 - last resort: a bug must not print a traceback to users
+        if os.environ.get("TRACEKIT_DEBUG"):
+            raise
+        msg = " ".join(f"{type(e).__name__}: {e}".split())[:500]
+        print(f"tracekit: internal error: {msg}; please report it (TRACEKIT_DEBUG=1 shows the traceback)", file=sys.stderr)
+        sys.exit(70)
 
 
 if __name__ == "__main__":

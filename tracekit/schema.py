@@ -131,6 +131,9 @@ COLUMNS: list[tuple[str, pa.DataType, bool, str, str]] = [
     ("src", _D, True, "", "where the row came from: Kineto cat, NVTX domain, tracekit component"),
 ]
 
+#: Columns every trace.parquet of any version has; a file without them is refused.
+REQUIRED_COLUMNS = ("rank", "kind", "ts_ns", "dur_ns", "name")
+
 ARROW_SCHEMA = pa.schema([pa.field(n, t, nullable=nl) for n, t, nl, _u, _m in COLUMNS])
 COLUMN_NAMES = [c[0] for c in COLUMNS]
 
@@ -341,6 +344,11 @@ def scan_trace(path: str | os.PathLike[str]) -> pl.LazyFrame:
     read_metadata(path)
     lf = pl.scan_parquet(path)
     have = lf.collect_schema().names()
+    absent = [n for n in REQUIRED_COLUMNS if n not in have]
+    if absent:
+        raise InputError(
+            f"{path}: not a tracekit trace (missing column(s) {', '.join(absent)}); convert the source with `tracekit convert`"
+        )
     missing = [n for n in COLUMN_NAMES if n not in have]
     if missing:
         lf = lf.with_columns([pl.lit(None, dtype=POLARS_SCHEMA[n]).alias(n) for n in missing])

@@ -169,11 +169,13 @@ def convert(
     if rules_path:
         load_rules(rules_path)  # validate early, one-line error
     in_bytes = sum(s.path.stat().st_size if s.path.is_file() else sum(f.stat().st_size for f in s.path.iterdir()) for s in sources)
-    # refuse early (before the work) when the output exists
-    if out.exists() and not force:
-        from tracekit._errors import OutputError
+    # refuse early (before the work) when the output exists or cannot be written
+    from tracekit._errors import OutputError
 
+    if out.exists() and not force:
         raise OutputError(f"{out}: exists; pass --force to overwrite")
+    if not (out.parent if str(out.parent) else Path(".")).is_dir():
+        raise OutputError(f"{out}: directory {out.parent} does not exist; create it first")
     quality = QualityLog()
     part_dir = tempfile.mkdtemp(prefix=".tracekit-parts-", dir=str(out.parent if str(out.parent) else "."))
     metas: list[dict[str, Any]] = []
@@ -199,7 +201,9 @@ def convert(
                 metas.append(convert_source(s, rules_path, part_dir))
                 prog.step(s.path.name)
         prog.close()
+        _check_empty(metas, quality)
         _resolve_ranks(metas, quality)
+        _check_same_capture(metas)
         ranks = sorted({m["rank"] for m in metas})
         extra = pl.concat([conform(e) for e in extra_frames if e is not None and e.height], how="vertical_relaxed") if any(
             e is not None and e.height for e in extra_frames
@@ -211,6 +215,7 @@ def convert(
         if not any(m["gpu_ops"] for m in metas):
             quality.add("no_gpu_events", "the trace has no GPU kernels, copies or memsets; analyses of GPU time will be empty")
         offsets, align_info = _align(metas, ranks, quality, align)
+        _check_skew(metas, offsets, quality)
         rows = 0
         with TraceWriter(out, force=force) as w:
             first, last = None, None
@@ -257,6 +262,75 @@ def convert(
     finally:
         shutil.rmtree(part_dir, ignore_errors=True)
     return ConvertResult(out, ranks, rows, time.perf_counter() - t0, in_bytes, meta, meta["quality"])
+
+
+#: First events of two ranks further apart than this: files of different captures (refused).
+MIXED_CAPTURE_NS = 600 * 10**9
+#: Clock offsets (applied or suspected) at least this large are reported as host clock skew.
+SKEW_WARN_NS = 100 * 10**6
+
+
+def _check_empty(metas: list[dict[str, Any]], quality: QualityLog) -> None:
+    """No events at all: refuse. Some ranks empty: flag them (they count as present)."""
+    empty = [m for m in metas if not m.get("rows")]
+    if not empty:
+        return
+    if len(empty) == len(metas):
+        names = ", ".join(Path(m["source_file"]).name for m in empty[:4]) + (" ..." if len(empty) > 4 else "")
+        raise InputError(
+            f"{names}: the trace has no events; the profiler recorded nothing (check its schedule and that the workload ran while it was active)"
+        )
+    for m in empty:
+        quality.add("empty_rank", f"{Path(m['source_file']).name}: no events recorded for this rank; its results are empty",
+                    rank=m["rank"] if m["rank"] != -1 else None)
+
+
+def _first_by_rank(metas: list[dict[str, Any]]) -> dict[int, tuple[int, str]]:
+    first: dict[int, tuple[int, str]] = {}
+    for m in metas:
+        t = m.get("first_ts_ns")
+        if t is None:
+            continue
+        if m["rank"] not in first or t < first[m["rank"]][0]:
+            first[m["rank"]] = (int(t), Path(m["source_file"]).name)
+    return first
+
+
+def _human_s(ns: int) -> str:
+    s = ns / 1e9
+    return f"{s / 3600:.1f} h" if s >= 3600 else (f"{s / 60:.1f} min" if s >= 60 else f"{s:.2f} s")
+
+
+def _check_same_capture(metas: list[dict[str, Any]]) -> None:
+    """Ranks whose first events are more than MIXED_CAPTURE_NS apart come from different captures."""
+    first = _first_by_rank(metas)
+    if len(first) < 2:
+        return
+    lo = min(first, key=lambda r: (first[r][0], r))
+    hi = max(first, key=lambda r: (first[r][0], -r))
+    gap = first[hi][0] - first[lo][0]
+    if gap > MIXED_CAPTURE_NS:
+        raise InputError(
+            f"rank {hi} ({first[hi][1]}) starts {_human_s(gap)} after rank {lo} ({first[lo][1]}): files from different "
+            "captures are mixed (or a host clock is that far off); pass the files of one capture"
+        )
+
+
+def _check_skew(metas: list[dict[str, Any]], offsets: dict[int, int], quality: QualityLog) -> None:
+    """Warn about host clock skew: large alignment offsets, or ranks far apart that could not be aligned."""
+    big = {r: o for r, o in offsets.items() if abs(o) >= SKEW_WARN_NS}
+    if big:
+        parts = ", ".join(f"rank {r} {'ahead' if o < 0 else 'behind'} by {abs(o) / 1e9:.3f} s" for r, o in sorted(big.items()))
+        quality.add("clock_skew", f"host clocks disagree: {parts} (corrected from collective end times); "
+                    "synchronize the hosts' clocks (NTP/PTP)", offsets_ns={str(r): o for r, o in big.items()})
+        return
+    first = _first_by_rank(metas)
+    if len(first) < 2 or any(offsets.values()):
+        return
+    spread = max(t for t, _ in first.values()) - min(t for t, _ in first.values())
+    if spread >= 10 * SKEW_WARN_NS:
+        quality.add("clock_skew_suspected", f"ranks' first events are {_human_s(spread)} apart and no collectives could align "
+                    "their clocks; cross-rank timings may be off by up to that much", spread_ns=spread)
 
 
 def _align(metas: list[dict[str, Any]], ranks: list[int], quality: QualityLog, enabled: bool) -> tuple[dict[int, int], dict[str, Any]]:
