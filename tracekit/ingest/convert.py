@@ -88,19 +88,30 @@ def convert_source(src: Source, rules_path: str | None, part_dir: str) -> dict[s
 
 
 def _dedupe_steps(rank_df: pl.DataFrame, extra: pl.DataFrame) -> pl.DataFrame:
-    """Drop capture-side profiled step records that the trace itself carries as steps."""
+    """Drop capture-side step records that the trace itself carries as steps.
+
+    A capture-side record (forward hook JSONL, tracekit instrumentation) of a
+    forward that ran while the profiler recorded duplicates the trace's own
+    ``tk.fwd``/``step[...]`` step; it is matched by nearest start within half a
+    median step and dropped. Unmatched records stay, with ``profiled`` false
+    when unknown: they are the unprofiled step timings.
+    """
     if extra.height == 0:
         return extra
     is_step = pl.col("kind").cast(pl.String) == "step"
     traced = rank_df.filter(is_step).select(pl.col("ts_ns").alias("_t")).sort("_t")
     cand = extra.with_row_index("_i")
-    prof = cand.filter(is_step & pl.col("profiled").fill_null(False))
-    if traced.height == 0 or prof.height == 0:
+    steps = cand.filter(is_step)
+    if steps.height == 0:
         return extra
-    tol = int(max(1, prof["dur_ns"].median() or 1) // 2)
-    m = prof.sort("ts_ns").join_asof(traced, left_on="ts_ns", right_on="_t", strategy="nearest", tolerance=tol, check_sortedness=False)
-    drop = m.filter(pl.col("_t").is_not_null()).get_column("_i")
-    return cand.filter(~pl.col("_i").is_in(drop.implode())).drop("_i")
+    if traced.height:
+        tol = int(max(1, steps["dur_ns"].median() or 1) // 2)
+        m = steps.sort("ts_ns").join_asof(traced, left_on="ts_ns", right_on="_t", strategy="nearest", tolerance=tol, check_sortedness=False)
+        drop = m.filter(pl.col("_t").is_not_null()).get_column("_i")
+        cand = cand.filter(~pl.col("_i").is_in(drop.implode()))
+    return cand.with_columns(
+        pl.when(is_step).then(pl.col("profiled").fill_null(False)).otherwise(pl.col("profiled")).alias("profiled")
+    ).drop("_i")
 
 
 def _world_meta(metas: list[dict[str, Any]], ranks: list[int], quality: QualityLog) -> dict[str, Any]:
