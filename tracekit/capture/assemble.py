@@ -1,0 +1,216 @@
+"""Turn a capture run directory into one ``trace.parquet``.
+
+Inputs (written by the ranks): ``rank{r}.win{k}.trace.json.gz`` Kineto files
+and ``rank{r}.extra.json`` (step records, telemetry counters, ground-truth
+markers, rank metadata). The step records, counters and markers become
+schema frames passed as ``extra_frames`` to :func:`tracekit.ingest.convert.convert`;
+capture facts (windows, ground truth, unprofiled step timings, tokens/s,
+quality flags) go into the footer metadata.
+
+:func:`summarize_steps` and :func:`build_metadata` are pure (tested on
+hand-built records).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any, Sequence
+
+import polars as pl
+
+from tracekit._errors import CaptureError, QualityLog
+from tracekit.schema import POLARS_SCHEMA, conform, empty_frame, frame_from_rows, write_trace
+
+__all__ = ["load_run", "frames_from_extras", "summarize_steps", "build_metadata", "assemble", "assemble_dir", "GROUND_TRUTH_SRC"]
+
+GROUND_TRUTH_SRC = "tracekit.ground_truth"
+
+
+def load_run(run_dir: Path, world: int) -> tuple[list[Path], dict[int, dict[str, Any]]]:
+    """Kineto files (sorted by rank, window) and the per-rank extras that exist."""
+    files = sorted(run_dir.glob("rank*.win*.trace.json.gz"), key=_file_key)
+    extras: dict[int, dict[str, Any]] = {}
+    for r in range(world):
+        p = run_dir / f"rank{r}.extra.json"
+        if p.exists():
+            try:
+                extras[r] = json.loads(p.read_text())
+            except ValueError:
+                pass
+    return files, extras
+
+
+def _file_key(p: Path) -> tuple[int, int]:
+    parts = p.name.split(".")
+    try:
+        return int(parts[0][4:]), int(parts[1][3:])
+    except (ValueError, IndexError):
+        return (1 << 30, 0)
+
+
+def frames_from_extras(extras: dict[int, dict[str, Any]]) -> list[pl.DataFrame]:
+    """Step rows, counter rows and ground-truth instant rows of all ranks."""
+    step_rows: list[dict[str, Any]] = []
+    marker_rows: list[dict[str, Any]] = []
+    counter_frames: list[pl.DataFrame] = []
+    for r, ex in sorted(extras.items()):
+        step_rows.extend(ex.get("steps") or [])
+        for m in ex.get("markers") or []:
+            marker_rows.append(
+                {
+                    "rank": r,
+                    "kind": "instant",
+                    "ts_ns": int(m["ts_ns"]),
+                    "dur_ns": 0,
+                    "name": "tk.fault.delay",
+                    "step_id": int(m["step_id"]),
+                    "value": m["delay_ns"] / 1e6,  # ms actually slept
+                    "src": GROUND_TRUTH_SRC,
+                }
+            )
+        c = ex.get("counters") or {}
+        if c.get("ts_ns"):
+            counter_frames.append(
+                conform(pl.DataFrame(c, schema_overrides={k: _plain(k) for k in c}, strict=False))
+            )
+    out = [frame_from_rows(step_rows) if step_rows else empty_frame()]
+    out.append(frame_from_rows(marker_rows) if marker_rows else empty_frame())
+    out.append(pl.concat(counter_frames) if counter_frames else empty_frame())
+    return [f for f in out if f.height]
+
+
+def _plain(col: str) -> Any:
+    dt = POLARS_SCHEMA[col]
+    return pl.String if isinstance(dt, pl.Categorical) else dt
+
+
+def _median(xs: Sequence[int]) -> float | None:
+    return float(statistics.median(xs)) if xs else None
+
+
+def summarize_steps(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Tokens/s and unprofiled step timings of one rank's step rows.
+
+    ``blocks_median_ns``: medians of consecutive blocks of 40 unprofiled DECODE
+    steps (replay calibrates its CPU-gap scale against these; 2 blocks minimum).
+    ``profiler_overhead_pct``: median profiled DECODE step vs unprofiled, same rank.
+    """
+    if not steps:
+        return {"steps": 0}
+    unprof = [s for s in steps if not s.get("profiled")]
+    prof = [s for s in steps if s.get("profiled")]
+    dec_u = [int(s["dur_ns"]) for s in unprof if s.get("step_mode") == "DECODE"]
+    dec_p = [int(s["dur_ns"]) for s in prof if s.get("step_mode") == "DECODE"]
+    span = max(s["ts_ns"] + s["dur_ns"] for s in steps) - min(s["ts_ns"] for s in steps)
+    tok = sum(int(s.get("tokens") or 0) for s in steps)
+    busy_u = sum(int(s["dur_ns"]) for s in unprof)
+    tok_u = sum(int(s.get("tokens") or 0) for s in unprof)
+    by_mode: dict[str, float | None] = {}
+    for mode in sorted({s.get("step_mode") for s in unprof if s.get("step_mode")}):
+        by_mode[mode] = _median([int(s["dur_ns"]) for s in unprof if s.get("step_mode") == mode])
+    blocks = [dec_u[i : i + 40] for i in range(0, len(dec_u) - 39, 40)]
+    med_u, med_p = _median(dec_u), _median(dec_p)
+    return {
+        "steps": len(steps),
+        "profiled_steps": len(prof),
+        "tokens": tok,
+        "tokens_per_s": tok / (span / 1e9) if span > 0 else None,
+        "unprofiled_tokens_per_s": tok_u / (busy_u / 1e9) if busy_u > 0 else None,
+        "unprofiled_median_ns": by_mode,
+        "blocks_median_ns": [_median(b) for b in blocks],
+        "decode_median_ns": {"unprofiled": med_u, "profiled": med_p},
+        "profiler_overhead_pct": (100.0 * (med_p / med_u - 1.0)) if med_u and med_p else None,
+    }
+
+
+def build_metadata(opts: dict[str, Any], extras: dict[int, dict[str, Any]], world: int, quality: QualityLog) -> dict[str, Any]:
+    """Footer metadata: world, ranks[i], capture{...}, quality."""
+    ranks = []
+    for r in range(world):
+        m = dict((extras.get(r) or {}).get("meta") or {})
+        m.pop("model", None)
+        m.pop("serve", None)
+        m["rank"] = r
+        ranks.append(m)
+        if r not in extras:
+            quality.add("capture_rank_missing", f"rank {r} wrote no records (crashed or killed)", rank=r)
+        for err in (extras.get(r) or {}).get("errors") or []:
+            quality.add("capture_rank_error", f"rank {r}: {err}", rank=r)
+    m0 = (extras.get(min(extras)) if extras else {}) or {}
+    meta0 = m0.get("meta") or {}
+    starts = [e["meta"]["loop_start_ns"] for e in extras.values() if "loop_start_ns" in e.get("meta", {})]
+    ends = [e["meta"]["loop_end_ns"] for e in extras.values() if "loop_end_ns" in e.get("meta", {})]
+    reasons = {e.get("meta", {}).get("stop_reason") for e in extras.values()}
+    if "interrupted" in reasons:
+        quality.add("capture_interrupted", "capture stopped early by Ctrl-C; kept what was collected", severity="info")
+    gt: dict[str, Any] = {}
+    if opts.get("delay_rank") is not None and opts.get("delay_ms"):
+        ev = ((extras.get(opts["delay_rank"]) or {}).get("markers")) or []
+        gt = {
+            "straggler": {
+                "rank": opts["delay_rank"],
+                "delay_ms": opts["delay_ms"],
+                "every": opts.get("delay_every", 1),
+                "where": "host sleep at the start of the forward, inside tk.fwd",
+                "injected": len(ev),
+                "steps": [e["step_id"] for e in ev][:10000],
+            }
+        }
+    capture = {
+        "target": "builtin",
+        "workload": {"model": meta0.get("model"), "serve": meta0.get("serve"), "options": opts},
+        "window_ns": [min(starts), max(ends)] if starts and ends else None,
+        "duration_s": opts.get("duration_s"),
+        "profiler_windows": meta0.get("profiler_windows", []),
+        "ground_truth": gt,
+        "summary": summarize_steps((m0.get("steps") or [])),
+    }
+    return {"world_size": world, "ranks": ranks, "capture": capture, "quality": [q.to_json() for q in quality]}
+
+
+def assemble(
+    run_dir: Path,
+    out: Path,
+    opts: dict[str, Any],
+    world: int,
+    *,
+    force: bool = False,
+    quality: QualityLog | None = None,
+) -> dict[str, Any]:
+    """Convert a run directory into ``out``; returns the metadata written."""
+    quality = quality if quality is not None else QualityLog()
+    files, extras = load_run(run_dir, world)
+    if not files and not extras:
+        raise CaptureError(f"{run_dir}: no rank wrote anything; see the rank errors above and retry with --ranks 1")
+    if not files:
+        quality.add("capture_no_profiler_windows", "no profiler window completed; the trace holds step records and counters only")
+    frames = frames_from_extras(extras)
+    meta = build_metadata(opts, extras, world, quality)
+    meta["source_files"] = [f.name for f in files]
+    try:
+        from tracekit.ingest.convert import convert
+    except ImportError:
+        convert = None  # type: ignore[assignment]
+    if convert is not None and files:
+        convert(files, out, force=force, extra_frames=frames, metadata=meta)
+    else:
+        if files:
+            quality.add("capture_not_converted", "tracekit.ingest.convert unavailable; Kineto windows left out")
+            meta["quality"] = [q.to_json() for q in quality]
+        write_trace(pl.concat(frames) if frames else empty_frame(), out, meta, force=force)
+    return meta
+
+
+def assemble_dir(raw_dir: str | Path, out: str | Path, *, force: bool = False) -> dict[str, Any]:
+    """Convert a ``--keep-raw`` / ``capture_scripts/capture_raw.py`` directory into ``out``."""
+    raw = Path(raw_dir)
+    run = raw / "run.json"
+    opts: dict[str, Any] = json.loads(run.read_text()).get("options", {}) if run.exists() else {}
+    world = int(opts.get("world") or 0) or 1 + max((_file_key(p)[0] for p in raw.glob("rank*.extra.json")), default=0)
+    q = QualityLog()
+    if run.exists():
+        for item in json.loads(run.read_text()).get("quality", []):
+            q.add(item["code"], item["message"], severity=item.get("severity", "warning"), rank=item.get("rank"))
+    return assemble(raw, Path(out), opts, world, force=force, quality=q)

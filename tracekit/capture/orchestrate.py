@@ -1,0 +1,239 @@
+"""Parent side of a built-in workload capture: spawn ranks, show progress, assemble.
+
+Ranks are spawned with ``torch.multiprocessing`` (spawn), rendezvous through a
+``FileStore`` in a private temp dir (no TCP store listens anywhere) and use
+loopback only for their own sockets (``GLOO_SOCKET_IFNAME`` /
+``NCCL_SOCKET_IFNAME`` = ``lo`` unless set). Ctrl-C sets a shared stop event:
+the ranks agree to stop at the same step, close their profiler windows and
+write what they have. If a rank dies, the others are told to stop, given a
+grace period, then killed; whatever was written is still assembled into a
+valid ``trace.parquet`` with quality flags.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from tracekit._errors import CaptureError, QualityLog
+from tracekit.capture.options import CaptureOptions
+
+__all__ = ["CaptureResult", "run_builtin", "resolve_device"]
+
+
+@dataclass
+class CaptureResult:
+    out: Path
+    metadata: dict[str, Any]
+    run_dir: Path | None = None
+    quality: list[dict[str, Any]] = field(default_factory=list)
+
+
+def resolve_device(device: str, ranks: int | None) -> tuple[str, int]:
+    """(device, world): ``auto`` picks all visible GPUs, else 8 CPU ranks."""
+    import torch
+
+    n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device == "auto":
+        device = "cuda" if n_gpu else "cpu"
+    if device == "cuda":
+        if not n_gpu:
+            raise CaptureError("--device cuda: no CUDA device visible; use --device cpu")
+        world = ranks or n_gpu
+        if world > n_gpu:
+            raise CaptureError(f"--ranks {world}: only {n_gpu} GPUs visible; one rank per GPU")
+        return device, world
+    if device != "cpu":
+        raise CaptureError(f"--device {device!r}: choose auto, cuda or cpu")
+    return device, ranks or 8
+
+
+def _env_loopback() -> None:
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+
+
+def run_builtin(
+    opts: CaptureOptions,
+    out: Path,
+    *,
+    force: bool = False,
+    keep_raw: Path | None = None,
+    progress: bool = True,
+    say: Callable[[str], None] = print,
+    convert: bool = True,
+) -> CaptureResult:
+    """Run the built-in workload on ``opts.world`` ranks and write ``out``.
+
+    ``convert=False`` only runs the ranks and copies their raw outputs to
+    ``keep_raw`` (for machines without polars; convert elsewhere with
+    :func:`tracekit.capture.assemble.assemble`).
+    """
+    import torch.multiprocessing as mp
+
+    from tracekit.capture.rank_worker import rank_main
+
+    opts.validate()
+    out = Path(out)
+    if convert and out.exists() and not force:
+        raise CaptureError(f"{out}: exists; pass --force to overwrite or -o another path")
+    if convert and not (out.parent if str(out.parent) else Path(".")).exists():
+        raise CaptureError(f"{out}: directory {out.parent} does not exist; create it first")
+    _env_loopback()
+    run_dir = Path(tempfile.mkdtemp(prefix="tracekit-capture-"))
+    ctx = mp.get_context("spawn")
+    stop = ctx.Event()
+    queue = ctx.Queue()
+    store = str(run_dir / "store")
+    procs = [
+        ctx.Process(target=rank_main, args=(r, opts, str(run_dir), store, stop, queue), daemon=False)
+        for r in range(opts.world)
+    ]
+    quality = QualityLog()
+    for p in procs:
+        p.start()
+    old = signal.getsignal(signal.SIGINT)
+    interrupted = {"n": 0}
+
+    def on_sigint(_sig: int, _frm: Any) -> None:
+        interrupted["n"] += 1
+        stop.set()
+        if interrupted["n"] > 1:
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        _monitor(procs, queue, stop, opts, quality, progress, say, run_dir)
+    finally:
+        signal.signal(signal.SIGINT, old)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join(timeout=5)
+    if interrupted["n"]:
+        say("tracekit: interrupted; writing what was collected")
+    try:
+        if convert:
+            from tracekit.capture.assemble import assemble
+
+            meta = assemble(run_dir, out, opts.to_json(), opts.world, force=force, quality=quality)
+        else:
+            import json
+
+            meta = {"options": opts.to_json(), "quality": [q.to_json() for q in quality]}
+            (run_dir / "run.json").write_text(json.dumps(meta, default=str))
+    finally:
+        if keep_raw is not None:
+            keep_raw.mkdir(parents=True, exist_ok=True)
+            for f in list(run_dir.glob("rank*")) + list(run_dir.glob("run.json")):
+                shutil.copy2(f, keep_raw / f.name)
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return CaptureResult(out, meta, keep_raw, meta.get("quality", []))
+
+
+def _log_tail(run_dir: Path, rank: int, n: int = 6) -> str:
+    try:
+        lines = (run_dir / f"rank{rank}.log").read_text(errors="replace").splitlines()
+    except OSError:
+        return f"  (rank {rank} left no log)"
+    keep = [ln for ln in lines if not ln.startswith(("USDT:", "INFO:", "STAGE:"))][-n:]
+    return "\n".join(f"  rank {rank}: {ln}" for ln in keep) or f"  (rank {rank}: empty log)"
+
+
+def _monitor(
+    procs: list[Any],
+    queue: Any,
+    stop: Any,
+    opts: CaptureOptions,
+    quality: QualityLog,
+    progress: bool,
+    say: Callable[[str], None],
+    run_dir: Path,
+) -> None:
+    """Show progress until every rank exits; stop everybody when one dies."""
+    import queue as _q
+
+    bar = _Bar(opts.duration_s) if progress else None
+    started: float | None = None
+    t_spawn = time.monotonic()
+    dead_at: float | None = None
+    grace = 30.0 if opts.device == "cuda" else 20.0
+    try:
+        while any(p.is_alive() for p in procs):
+            try:
+                msg = queue.get(timeout=0.2)
+            except _q.Empty:
+                msg = None
+            if msg is not None:
+                if msg[0] == "ready":
+                    started = time.monotonic()
+                    if bar:
+                        bar.start()
+                elif msg[0] == "progress" and bar:
+                    bar.update(*msg[1:])
+                elif msg[0] == "log":
+                    say(f"tracekit: {msg[1]}")
+            for r, p in enumerate(procs):
+                if not p.is_alive() and p.exitcode not in (0, None) and dead_at is None:
+                    dead_at = time.monotonic()
+                    stop.set()
+                    quality.add("capture_rank_crashed", f"rank {r} exited with code {p.exitcode}; stopped the other ranks", rank=r)
+                    say(f"tracekit: rank {r} exited with code {p.exitcode}; stopping the capture")
+                    say(_log_tail(run_dir, r))
+            now = time.monotonic()
+            if dead_at is not None and now - dead_at > grace:
+                for r, p in enumerate(procs):
+                    if p.is_alive():
+                        quality.add("capture_rank_killed", f"rank {r} did not stop within {grace:.0f}s after a peer died; killed", rank=r)
+                        p.kill()
+                break
+            limit = opts.duration_s * 3 + 120 if started else 600 + opts.duration_s
+            if now - (started or t_spawn) > limit:
+                stop.set()
+                quality.add("capture_timeout", f"ranks still running {limit:.0f}s after start; stopped them")
+                if now - (started or t_spawn) > limit + grace:
+                    for p in procs:
+                        p.kill()
+                    break
+    finally:
+        if bar:
+            bar.close()
+
+
+class _Bar:
+    """rich progress: elapsed, steps, tokens/s (rank 0's view)."""
+
+    def __init__(self, duration_s: float) -> None:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.p = Progress(
+            TextColumn("capturing"),
+            BarColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[steps]} steps  {task.fields[tps]} tok/s"),
+            transient=False,
+        )
+        self.duration_s = duration_s
+        self.task: Any = None
+
+    def start(self) -> None:
+        self.p.start()
+        self.task = self.p.add_task("cap", total=self.duration_s, steps=0, tps="-")
+
+    def update(self, elapsed: float, steps: int, tokens: int) -> None:
+        if self.task is not None:
+            tps = f"{tokens / elapsed:,.0f}" if elapsed > 0 else "-"
+            self.p.update(self.task, completed=min(elapsed, self.duration_s), steps=steps, tps=tps)
+
+    def close(self) -> None:
+        if self.task is not None:
+            self.p.stop()

@@ -1,0 +1,139 @@
+"""Profiler windows: N profiled steps every M steps, started and stopped together.
+
+The schedule is a pure function of the step number, so every rank opens and
+closes each window at the same step without talking; a barrier right before
+``start()`` (after a device sync) aligns the ranks in time so there is no
+profiler-start transient. Each window is exported as one Kineto JSON per rank:
+``rank{r}.win{k}.trace.json.gz`` (torch also writes ``distributedInfo.rank``).
+
+The profiler itself is injected (a factory returning an object with
+``start()``, ``stop()``, ``export_chrome_trace(path)``) so the window logic is
+tested on a CPU machine with a fake; :func:`torch_profiler_factory` makes the
+real one with CUDA sync events enabled where the torch version supports them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+__all__ = ["WindowSchedule", "ProfilerWindows", "torch_profiler_factory", "window_file"]
+
+
+def window_file(out_dir: Path, rank: int, window: int) -> Path:
+    """Path of one rank's Kineto JSON for one window."""
+    return Path(out_dir) / f"rank{rank}.win{window}.trace.json.gz"
+
+
+@dataclass(frozen=True)
+class WindowSchedule:
+    """Profile ``steps`` steps starting at ``first`` and then every ``every`` steps.
+
+    ``max_windows`` (0 = unlimited) caps the number of windows. ``steps <= 0``
+    disables profiling.
+    """
+
+    first: int = 80
+    steps: int = 5
+    every: int = 200
+    max_windows: int = 0
+
+    def window_of(self, step: int) -> int | None:
+        """Index of the window that ``step`` belongs to, or None."""
+        if self.steps <= 0 or step < self.first:
+            return None
+        k, off = divmod(step - self.first, max(self.every, self.steps))
+        if off >= self.steps or (self.max_windows and k >= self.max_windows):
+            return None
+        return k
+
+    def starts_at(self, step: int) -> bool:
+        k = self.window_of(step)
+        return k is not None and (step == self.first or self.window_of(step - 1) != k)
+
+    def ends_after(self, step: int) -> bool:
+        k = self.window_of(step)
+        return k is not None and self.window_of(step + 1) != k
+
+
+def torch_profiler_factory(*, cuda: bool, record_shapes: bool = False, with_stack: bool = False) -> Callable[[], Any]:
+    """A factory of ``torch.profiler.profile`` objects (CPU + CUDA activities, CUDA sync events)."""
+    import torch
+
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if cuda:
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    kwargs: dict[str, Any] = {}
+    if cuda:
+        try:
+            kwargs["experimental_config"] = torch.profiler._ExperimentalConfig(enable_cuda_sync_events=True)
+        except Exception:  # noqa: BLE001 - older torch
+            pass
+
+    def make() -> Any:
+        return torch.profiler.profile(activities=acts, record_shapes=record_shapes, with_stack=with_stack, **kwargs)
+
+    return make
+
+
+@dataclass
+class ProfilerWindows:
+    """Drives windows from the step loop: call :meth:`before_step` / :meth:`after_step`.
+
+    ``barrier`` and ``sync`` are injected (collective barrier of the capture's
+    control group; device synchronize). ``windows`` holds ``[start_ns, end_ns]``
+    per finished window (CLOCK_REALTIME), ``files`` the exported paths.
+    """
+
+    schedule: WindowSchedule
+    out_dir: Path
+    rank: int
+    factory: Callable[[], Any]
+    barrier: Callable[[], None] = lambda: None
+    sync: Callable[[], None] = lambda: None
+    clock: Callable[[], int] = time.time_ns
+    windows: list[list[int]] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)
+    export_s: float = 0.0
+    _prof: Any = None
+    _k: int | None = None
+    _t0: int = 0
+
+    @property
+    def recording(self) -> bool:
+        return self._prof is not None
+
+    def before_step(self, step: int) -> None:
+        if self._prof is None and self.schedule.starts_at(step):
+            self.sync()
+            self.barrier()
+            prof = self.factory()
+            self._t0 = self.clock()
+            prof.start()
+            self._prof, self._k = prof, self.schedule.window_of(step)
+
+    def after_step(self, step: int) -> None:
+        if self._prof is not None and self.schedule.ends_after(step):
+            self.close()
+
+    def close(self) -> Path | None:
+        """Stop the open window (if any) and export it; safe to call twice."""
+        prof, k = self._prof, self._k
+        if prof is None:
+            return None
+        self._prof = self._k = None
+        self.sync()
+        prof.stop()
+        t1 = self.clock()
+        path = window_file(self.out_dir, self.rank, int(k or 0))
+        e0 = time.perf_counter()
+        part = path.with_name("." + path.name.replace(".trace.json.gz", ".part.json.gz"))
+        prof.export_chrome_trace(str(part))  # a killed export never leaves a file with the final name
+        os.replace(part, path)
+        self.export_s += time.perf_counter() - e0
+        self.windows.append([self._t0, t1])
+        self.files.append(path)
+        return path

@@ -1,0 +1,143 @@
+"""``tracekit capture``: record a trace.parquet from an SGLang server, the built-in workload or a program."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from tracekit._errors import CaptureError, UsageError
+from tracekit.commands._common import handle_errors
+
+__all__ = ["register", "parse_duration"]
+
+DEFAULT_SGLANG_URL = "http://127.0.0.1:30000"
+
+
+def parse_duration(text: str) -> float:
+    """``30s``, ``2m``, ``1.5`` (seconds), ``500ms`` -> seconds."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|min|h)?\s*", text or "")
+    if not m:
+        raise UsageError(f"--duration {text!r}: use a number with s, m or ms (e.g. 30s)")
+    v = float(m.group(1))
+    scale = {"ms": 1e-3, "s": 1.0, None: 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}[m.group(2)]
+    return v * scale
+
+
+def _sglang_detected(url: str) -> bool:
+    try:
+        from tracekit.capture.sglang_client import detect_server
+    except ImportError:
+        return False
+    try:
+        return bool(detect_server(url, 0.5))
+    except Exception:  # noqa: BLE001 - detection must never break the default path
+        return False
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
+    @handle_errors
+    def capture(
+        ctx: typer.Context,
+        duration: str = typer.Option("30s", "--duration", "-d", help="How long to run (30s, 2m, 500ms)."),
+        output: Path = typer.Option(Path("trace.parquet"), "-o", "--output", help="Output trace.parquet."),
+        force: bool = typer.Option(False, "--force", help="Overwrite the output."),
+        workload: bool = typer.Option(False, "--workload", help="Run the built-in workload even if an SGLang server answers."),
+        url: str = typer.Option(DEFAULT_SGLANG_URL, "--url", help="SGLang server to look for first."),
+        device: str = typer.Option("auto", "--device", help="auto (all visible GPUs, else CPU), cuda or cpu."),
+        ranks: Optional[int] = typer.Option(None, "--ranks", "-n", help="Tensor-parallel ranks (default: all GPUs, or 8 on CPU)."),
+        moe_impl: str = typer.Option("grouped", "--moe-impl", help="loop (per-expert small GEMMs, host sync) or grouped (one grouped GEMM)."),
+        host_sync: bool = typer.Option(False, "--host-sync", help="Add a .item() host sync per layer."),
+        cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="Replay decode steps from CUDA graphs (grouped, GPU only)."),
+        layers: Optional[int] = typer.Option(None, "--layers", help="MoE layers (default 4 on GPU, 2 on CPU)."),
+        hidden: Optional[int] = typer.Option(None, "--hidden", help="Hidden size (default 6144 on GPU, 256 on CPU)."),
+        experts: Optional[int] = typer.Option(None, "--experts", help="Routed experts (default 256 on GPU, 64 on CPU)."),
+        max_batch: Optional[int] = typer.Option(None, "--max-batch", help="Running requests at most (64 GPU / 8 CPU)."),
+        prompt_len: Optional[int] = typer.Option(None, "--prompt-len", help="Prompt tokens per prefill request."),
+        delay_rank: Optional[int] = typer.Option(None, "--delay-rank", help="Straggler: rank to delay."),
+        delay_ms: float = typer.Option(0.0, "--delay-ms", help="Straggler: host delay in ms before the forward."),
+        delay_every: int = typer.Option(1, "--delay-every", help="Straggler: delay every K-th step."),
+        unprofiled_steps: int = typer.Option(80, "--unprofiled-steps", help="Steps timed without the profiler before the first window."),
+        profile_steps: int = typer.Option(5, "--profile-steps", help="Steps per profiler window (0: no profiler)."),
+        profile_every: int = typer.Option(200, "--profile-every", help="A window starts every M steps."),
+        max_windows: int = typer.Option(0, "--max-windows", help="At most this many windows (0: no limit)."),
+        min_steps: int = typer.Option(0, "--min-steps", help="Run past --duration until this many steps."),
+        record_shapes: bool = typer.Option(False, "--record-shapes", help="Record operator input shapes (more overhead)."),
+        telemetry: bool = typer.Option(True, "--telemetry/--no-telemetry", help="NVML power/clock/PCIe sampler."),
+        keep_raw: Optional[Path] = typer.Option(None, "--keep-raw", help="Also keep per-rank Kineto JSON and records here."),
+        no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
+    ) -> None:
+        """Capture a trace: an SGLang server if one answers, else the built-in GLM-5-shaped MoE workload.
+
+        `tracekit capture -- python prog.py ...` runs a PyTorch/torchrun program under the profiler instead.
+        """
+        secs = parse_duration(duration)
+        program = list(ctx.args)
+        if program[:1] == ["capture"]:  # typer passes the command name through when it is the only command
+            program = program[1:]
+        if program:
+            from tracekit.capture.external import run_external
+
+            res = run_external(program, output, duration_s=secs, force=force, keep_raw=keep_raw)
+            print(f"tracekit: wrote {res}")
+            return
+        if not workload and _sglang_detected(url):
+            try:
+                from tracekit.capture import sglang_capture  # written with the SGLang capture issue
+            except ImportError:
+                raise CaptureError(
+                    f"an SGLang server answers at {url} but this build cannot capture it yet; "
+                    "pass --workload to run the built-in workload instead"
+                ) from None
+            sglang_capture.capture_server(url, output, duration_s=secs, force=force)  # type: ignore[attr-defined]
+            return
+        from tracekit.capture.options import CaptureOptions
+        from tracekit.capture.orchestrate import resolve_device, run_builtin
+
+        dev, world = resolve_device(device, ranks)
+        opts = CaptureOptions(
+            duration_s=secs,
+            device=dev,
+            world=world,
+            moe_impl=moe_impl,
+            host_sync=host_sync,
+            cuda_graphs=cuda_graphs,
+            layers=layers,
+            hidden=hidden,
+            experts=experts,
+            max_batch=max_batch,
+            prompt_len=prompt_len,
+            delay_rank=delay_rank,
+            delay_ms=delay_ms,
+            delay_every=delay_every,
+            unprofiled_steps=unprofiled_steps,
+            profile_steps=profile_steps,
+            profile_every=profile_every,
+            max_windows=max_windows,
+            min_steps=min_steps,
+            record_shapes=record_shapes,
+            telemetry=telemetry,
+        ).validate()
+        where = f"{world} GPU rank(s) (NCCL)" if dev == "cuda" else f"{world} CPU ranks (gloo)"
+        print(
+            f"tracekit: no SGLang server at {url}; running the built-in GLM-5-shaped MoE workload "
+            f"(--moe-impl {moe_impl}) on {where} for {secs:g}s",
+            file=sys.stderr,
+        )
+        res = run_builtin(
+            opts, output, force=force, keep_raw=keep_raw, progress=not no_progress, say=lambda m: print(m, file=sys.stderr)
+        )
+        s = res.metadata.get("capture", {}).get("summary", {})
+        tps = s.get("tokens_per_s")
+        utps = s.get("unprofiled_tokens_per_s")
+        print(
+            f"tracekit: wrote {output} ({s.get('steps', 0)} steps/rank, "
+            f"{tps or 0:,.0f} tok/s overall, {utps or 0:,.0f} tok/s in unprofiled steps, "
+            f"{len(res.metadata.get('capture', {}).get('profiler_windows', []))} profiler windows)"
+        )
+        for q in res.quality:
+            print(f"tracekit: quality: {q['code']}: {q['message']}", file=sys.stderr)
