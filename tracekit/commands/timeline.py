@@ -1,0 +1,63 @@
+"""`tracekit timeline`: one self-contained offline HTML timeline of a trace."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from tracekit.commands._common import handle_errors
+
+__all__ = ["register"]
+
+
+def _analysis(df: Any, meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The analyze dict for the page summary; a failed analysis costs the summary, not the page."""
+    try:
+        from tracekit.api import analyze_frame
+    except ImportError:
+        return None
+    try:
+        return analyze_frame(df, meta)
+    except Exception as e:  # noqa: BLE001 - the timeline is still useful without the summary
+        print(f"tracekit: warning: analysis failed ({type(e).__name__}: {e}); the page has no summary", file=sys.stderr)
+        return None
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("timeline")
+    @handle_errors
+    def timeline_cmd(
+        trace: Path = typer.Argument(..., help="trace.parquet written by `tracekit capture` or `tracekit convert`."),
+        out: Path = typer.Option(..., "-o", "--out", help="Output HTML file (self-contained, works offline)."),
+        window: Optional[str] = typer.Option(
+            None, "--window", help="Detail window relative to capture start, e.g. 12.30s:12.45s (units ns/us/ms/s)."),
+        step: Optional[int] = typer.Option(None, "--step", help="Detail window = this step (across ranks)."),
+        max_segments: int = typer.Option(100_000, "--max-segments", help="Ops drawn exactly in the detail; the rest are folded."),
+        no_analysis: bool = typer.Option(False, "--no-analysis", help="Skip the analysis summary at the top."),
+        force: bool = typer.Option(False, "--force", help="Overwrite the output file."),
+    ) -> None:
+        """Write an HTML timeline: analysis summary, whole-capture overview per rank (category heat map,
+        power / SM / PCIe counters) and detailed per-stream kernel lanes for a window (default: a few
+        representative steps, or around the worst stall)."""
+        from tracekit._errors import UsageError
+        from tracekit.report.timeline_html import render_timeline
+        from tracekit.schema import read_trace
+
+        if window is not None and step is not None:
+            raise UsageError("--window and --step both choose the detail window; pass one")
+        if out.exists() and not force:
+            from tracekit._errors import OutputError
+
+            raise OutputError(f"{out}: exists; pass --force to overwrite")
+        if out.resolve() == trace.resolve():
+            raise UsageError(f"{out}: would overwrite the input trace; choose another output name")
+        df, meta = read_trace(trace)
+        analysis = None if no_analysis else _analysis(df, meta)
+        res = render_timeline(df, meta, analysis, out, window=window, step=step, force=force,
+                              max_segments=max_segments, title=trace.name)
+        folded = f", {res['ops_folded']:,} folded" if res["ops_folded"] else ""
+        print(f"wrote {out} ({res['bytes'] / 1e6:.1f} MB): {res['lanes']} lanes, {res['ops_drawn']:,} ops drawn{folded}; "
+              f"detail = {res['window_reason']}", file=sys.stderr)

@@ -1,0 +1,411 @@
+"""Timeline payload, part 1: capture bounds, window choice, binned overview, counters.
+
+Pure functions over a trace frame; no IO. Everything here is *presentation*
+(binning, decimation, picking what to draw); the numbers shown in the summary
+come from the analysis dict, never from here.
+
+Times in the payload are milliseconds since the capture start (float64 in
+JSON scalars) or compact typed arrays (base64 of little-endian float32/uint8),
+decoded by the page's script.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import polars as pl
+
+from tracekit._errors import UsageError
+from tracekit.analysis.intervals import merge
+from tracekit.schema import CATEGORIES, GPU_OP_KINDS
+
+__all__ = [
+    "CATEGORY_COLORS",
+    "Window",
+    "b64",
+    "esc",
+    "esc_expr",
+    "parse_window",
+    "capture_bounds",
+    "gpu_ops",
+    "category_list",
+    "choose_window",
+    "overview_payload",
+    "counter_payload",
+    "counter_overview",
+    "analysis_events",
+]
+
+CATEGORY_COLORS: dict[str, str] = {
+    "moe_gemm": "#1f77b4",
+    "moe_routing": "#17becf",
+    "attention": "#2ca02c",
+    "communication": "#d62728",
+    "dense_gemm": "#9467bd",
+    "other_compute": "#8c8c8c",
+    "memory": "#ff7f0e",
+}
+_EXTRA_COLORS = ("#bcbd22", "#e377c2", "#8c564b", "#393b79", "#637939")
+
+_ESC = (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ('"', "&#34;"), ("'", "&#39;"))
+
+
+def esc(s: object) -> str:
+    """HTML-escape a trace string for page text *and* plotly labels (which render HTML).
+
+    Uses only entities plotly's label renderer decodes (``&amp; &lt; &gt;`` and
+    numeric ones), so the text shows verbatim and never becomes markup.
+    """
+    t = "" if s is None else str(s)
+    for a, b in _ESC:
+        t = t.replace(a, b)
+    return t
+
+
+def esc_expr(e: pl.Expr) -> pl.Expr:
+    """Vectorized :func:`esc` on a string expression."""
+    e = e.cast(pl.String)
+    for a, b in _ESC:
+        e = e.str.replace_all(a, b, literal=True)
+    return e
+
+
+def b64(a: np.ndarray, dtype: str) -> dict[str, Any]:
+    """A typed array for the page: ``{"t": dtype, "b": base64 little-endian bytes, "n": len}``."""
+    arr = np.ascontiguousarray(np.asarray(a).astype("<" + {"f4": "f4", "f8": "f8", "u1": "u1", "u2": "u2",
+                                                           "u4": "u4", "i4": "i4"}[dtype]))
+    return {"t": dtype, "b": base64.b64encode(arr.tobytes()).decode("ascii"), "n": int(arr.size)}
+
+
+@dataclass(frozen=True)
+class Window:
+    """Detail window in absolute ns, and why it was chosen (shown on the page)."""
+
+    start_ns: int
+    end_ns: int
+    reason: str
+
+
+_UNITS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000, "": 1_000_000_000}
+_WIN_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ns|us|µs|ms|s)?\s*$")
+
+
+def parse_window(text: str) -> tuple[int, int]:
+    """``"12.30s:12.45s"`` (units ns/us/ms/s, default s) → (start, end) ns relative to capture start."""
+    parts = text.split(":")
+    if len(parts) != 2:
+        raise UsageError(f"--window {text!r}: expected START:END such as 12.30s:12.45s")
+    vals = []
+    for p in parts:
+        m = _WIN_RE.match(p)
+        if not m:
+            raise UsageError(f"--window {text!r}: cannot read {p!r}; use a number with unit ns, us, ms or s")
+        vals.append(int(round(float(m.group(1)) * _UNITS[m.group(2) or ""])))
+    if vals[1] <= vals[0]:
+        raise UsageError(f"--window {text!r}: end must be after start")
+    return vals[0], vals[1]
+
+
+def capture_bounds(df: pl.DataFrame, meta: Mapping[str, Any] | None) -> tuple[int, int]:
+    """(start, end) ns of the capture: the footer's capture window when present, widened to the data."""
+    lo = hi = None
+    if df.height:
+        r = df.select(pl.col("ts_ns").min().alias("lo"), (pl.col("ts_ns") + pl.col("dur_ns")).max().alias("hi")).row(0)
+        lo, hi = r
+    win = ((meta or {}).get("capture") or {}).get("window_ns")
+    if isinstance(win, (list, tuple)) and len(win) == 2 and all(isinstance(v, (int, float)) for v in win):
+        lo = int(win[0]) if lo is None else min(int(win[0]), lo)
+        hi = int(win[1]) if hi is None else max(int(win[1]), hi)
+    if lo is None or hi is None:
+        return 0, 1
+    return int(lo), int(max(hi, lo + 1))
+
+
+def gpu_ops(df: pl.DataFrame) -> pl.DataFrame:
+    """GPU ops with a non-null ``category`` (memcpy/memset default to memory, kernels to other_compute)."""
+    kind = pl.col("kind").cast(pl.String)
+    g = df.filter(kind.is_in(list(GPU_OP_KINDS)))
+    return g.with_columns(
+        pl.coalesce(
+            pl.col("category").cast(pl.String),
+            pl.when(kind == "kernel").then(pl.lit("other_compute")).otherwise(pl.lit("memory")),
+        ).alias("category"),
+        pl.col("stream").fill_null(-1),
+        pl.col("device").fill_null(-1),
+    )
+
+
+def category_list(ops: pl.DataFrame) -> list[str]:
+    """Categories present, in schema order, then unknown ones sorted."""
+    seen = set(ops.get_column("category").unique().to_list()) if ops.height else set()
+    return [c for c in CATEGORIES if c in seen] + sorted(c for c in seen if c not in CATEGORIES)
+
+
+def colors_for(cats: Sequence[str]) -> list[str]:
+    out, k = [], 0
+    for c in cats:
+        if c in CATEGORY_COLORS:
+            out.append(CATEGORY_COLORS[c])
+        else:
+            out.append(_EXTRA_COLORS[k % len(_EXTRA_COLORS)])
+            k += 1
+    return out
+
+
+# ---------------------------------------------------------------- analysis events
+_START_KEYS = ("ts_ns", "start_ns", "t0_ns", "begin_ns", "arrival_ns")
+_END_KEYS = ("end_ns", "t1_ns")
+_DUR_KEYS = ("dur_ns", "wait_ns", "duration_ns", "lost_ns")
+_LABEL_KEYS = ("cause", "kind", "reason", "type", "name", "coll_name", "collective")
+
+
+def analysis_events(items: Any) -> list[dict[str, Any]]:
+    """Normalize ``analysis['stalls']`` / ``['pcie_phases']`` entries (every key optional).
+
+    Accepts a list of dicts or a polars frame; each item needs an absolute start
+    (``ts_ns``/``start_ns``/…) and an end or duration. Returns dicts with
+    ``rank`` (None = all ranks), ``start_ns``, ``end_ns``, ``label`` and ``detail`` (both
+    escaped), ``dur_ns``. Items without usable times are skipped.
+    """
+    if items is None:
+        return []
+    if isinstance(items, pl.DataFrame):
+        items = items.to_dicts()
+    if isinstance(items, Mapping):
+        items = items.get("items") or items.get("phases") or items.get("rows") or []
+    out: list[dict[str, Any]] = []
+    if not isinstance(items, (list, tuple)):
+        return out
+    for it in items:
+        if not isinstance(it, Mapping):
+            continue
+        s = next((it[k] for k in _START_KEYS if isinstance(it.get(k), (int, float))), None)
+        if s is None:
+            continue
+        e = next((it[k] for k in _END_KEYS if isinstance(it.get(k), (int, float))), None)
+        if e is None:
+            d = next((it[k] for k in _DUR_KEYS if isinstance(it.get(k), (int, float))), 0)
+            e = s + d
+        rank = it.get("rank", it.get("waiting_rank"))
+        rank = int(rank) if isinstance(rank, (int, float)) else None
+        label = next((str(it[k]) for k in _LABEL_KEYS if it.get(k) not in (None, "")), "")
+        bits = []
+        for k in ("late_rank", "collective", "coll_name", "pg", "seq", "step", "detail", "direction", "gb_per_s",
+                  "bytes_per_s", "message"):
+            v = it.get(k)
+            if v not in (None, "") and str(v) != label:
+                bits.append(f"{k}={v}")
+        out.append({"rank": rank, "start_ns": int(s), "end_ns": int(max(e, s)), "dur_ns": int(max(e - s, 0)),
+                    "label": esc(label), "detail": esc(", ".join(bits))})
+    return out
+
+
+# ---------------------------------------------------------------- window
+def choose_window(
+    df: pl.DataFrame,
+    ops: pl.DataFrame,
+    base_ns: int,
+    end_ns: int,
+    *,
+    window: tuple[int, int] | str | None = None,
+    step: int | None = None,
+    stalls: Sequence[Mapping[str, Any]] = (),
+    n_steps: int = 3,
+    fallback_ops: int = 20_000,
+) -> Window:
+    """The detail window: explicit ``window`` (relative ns or text) > ``step`` > worst stall >
+    a representative stretch of ``n_steps`` steps (median-like duration, middle of the
+    capture) > the central ``fallback_ops`` GPU ops."""
+    if window is not None:
+        a, b = parse_window(window) if isinstance(window, str) else (int(window[0]), int(window[1]))
+        if a >= end_ns - base_ns or b <= 0:
+            raise UsageError(
+                f"--window {a / 1e9:.6f}s:{b / 1e9:.6f}s is outside the capture (0s:{(end_ns - base_ns) / 1e9:.6f}s)"
+            )
+        return Window(base_ns + a, base_ns + b, f"window {a / 1e9:.6f}s–{b / 1e9:.6f}s")
+    kind = pl.col("kind").cast(pl.String)
+    steps = df.filter(kind == "step")
+    if step is not None:
+        hit = steps.filter(pl.col("step_id") == step)
+        if hit.height == 0:
+            hit = ops.filter(pl.col("step_id") == step)
+        if hit.height == 0:
+            ids = steps.get_column("step_id").drop_nulls()
+            have = f"steps {ids.min()}..{ids.max()}" if ids.len() else "no step annotations"
+            raise UsageError(f"--step {step}: not in the trace ({have}); pick another step")
+        lo, hi = hit.select(pl.col("ts_ns").min().alias("lo"), (pl.col("ts_ns") + pl.col("dur_ns")).max().alias("hi")).row(0)
+        return Window(int(lo), int(hi), f"step {step}")
+    if stalls:
+        worst = max(stalls, key=lambda s: s["dur_ns"])
+        pad = max(worst["dur_ns"], 1_000_000)
+        who = f"rank {worst['rank']}, " if worst["rank"] is not None else ""
+        return Window(worst["start_ns"] - pad, worst["end_ns"] + pad,
+                      f"around the worst stall ({who}{worst['dur_ns'] / 1e6:.3f} ms)")
+    st = steps.filter(pl.col("dur_ns") > 0)
+    if st.height:
+        r0 = st.get_column("rank").min()
+        s0 = st.filter(pl.col("rank") == r0).sort("ts_ns")
+        n = s0.height
+        lo_i, hi_i = n // 4, max(n // 4 + 1, (3 * n) // 4)
+        mid = s0.slice(lo_i, hi_i - lo_i)
+        med = float(s0.get_column("dur_ns").median())  # type: ignore[arg-type]
+        i = lo_i + int((mid.get_column("dur_ns").cast(pl.Float64) - med).abs().arg_min() or 0)
+        i = min(i, max(n - n_steps, 0))
+        pick = s0.slice(i, n_steps)
+        lo, hi = pick.select(pl.col("ts_ns").min().alias("lo"), (pl.col("ts_ns") + pl.col("dur_ns")).max().alias("hi")).row(0)
+        ids = pick.get_column("step_id").drop_nulls()
+        label = f"steps {ids.min()}–{ids.max()}" if ids.len() else f"{pick.height} steps"
+        return Window(int(lo), int(hi), f"{label}: a representative stretch (median-length steps, mid-capture)")
+    if ops.height:
+        ts = ops.get_column("ts_ns").sort()
+        ends = (ops.get_column("ts_ns") + ops.get_column("dur_ns")).sort()
+        n = ts.len()
+        k = min(fallback_ops, n)
+        a = max((n - k) // 2, 0)
+        lo, hi = int(ts[a]), int(ends[min(a + k, n) - 1])
+        return Window(lo, max(hi, lo + 1), f"the central {k} GPU ops of the capture")
+    return Window(base_ns, end_ns, "the whole capture")
+
+
+# ---------------------------------------------------------------- overview
+def _binned_union(starts: np.ndarray, ends: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Covered length per bin for *disjoint sorted* intervals (float64, ns)."""
+    if starts.size == 0:
+        return np.zeros(edges.size - 1)
+    cs = np.concatenate([[0.0], np.cumsum(ends - starts)])
+    k = np.searchsorted(starts, edges, side="right")  # intervals starting at or before edge
+    prev = np.clip(k - 1, 0, starts.size - 1)
+    partial = np.where(k > 0, np.minimum(edges - starts[prev], ends[prev] - starts[prev]), 0.0)
+    covered = cs[np.maximum(k - 1, 0)] * (k > 0) + np.clip(partial, 0, None)
+    return np.diff(covered)
+
+
+def overview_payload(ops: pl.DataFrame, cats: Sequence[str], ranks: Sequence[int], base_ns: int, end_ns: int,
+                     *, bins: int = 3000) -> dict[str, Any]:
+    """Busy fraction per (rank, category) row and time bin, quantized to uint8 (0 = idle).
+
+    Each row is the union of that category's ops on that rank (streams merged), so
+    a value is the share of the bin in which at least one such op ran.
+    """
+    span = max(end_ns - base_ns, 1)
+    nb = int(max(1, min(bins, span // 1000)))  # bins no finer than 1 µs
+    edges = base_ns + np.linspace(0.0, float(span), nb + 1)
+    width = span / nb
+    rows: list[tuple[int, int]] = []
+    data: list[np.ndarray] = []
+    if ops.height:
+        iv = ops.select(pl.col("rank"), pl.col("category"), pl.col("ts_ns").alias("start"),
+                        (pl.col("ts_ns") + pl.col("dur_ns")).alias("end"))
+        m = merge(iv, by=["rank", "category"])
+        parts = {(k[0], k[1]): g for k, g in m.partition_by(["rank", "category"], as_dict=True).items()}
+    else:
+        parts = {}
+    for r in ranks:
+        for ci, c in enumerate(cats):
+            g = parts.get((r, c))
+            if g is None:
+                continue
+            busy = _binned_union(g.get_column("start").to_numpy().astype(np.float64),
+                                 g.get_column("end").to_numpy().astype(np.float64), edges)
+            frac = np.clip(busy / width, 0.0, 1.0)
+            q = np.where(frac > 0, np.maximum(1, np.rint(frac * 255)), 0).astype(np.uint8)
+            rows.append((int(r), ci))
+            data.append(q)
+    z = np.concatenate(data) if data else np.zeros(0, np.uint8)
+    return {
+        "bin_ms": width / 1e6,
+        "nbins": nb,
+        "rows": [[r, c] for r, c in rows],
+        "z": b64(z, "u1"),
+    }
+
+
+# ---------------------------------------------------------------- counters
+def counter_group(name: str) -> tuple[str, str, float]:
+    """(group title, unit, scale) for a counter name by its unit suffix."""
+    if name.endswith("bytes_per_s"):
+        return ("PCIe / link GB/s" if "pcie" in name or "nvlink" in name else "bandwidth GB/s"), "GB/s", 1e-9
+    if name.endswith("_w"):
+        return "power W", "W", 1.0
+    if name.endswith("_pct"):
+        return "activity %", "%", 1.0
+    if name.endswith("_mhz"):
+        return "clock MHz", "MHz", 1.0
+    if name.endswith("_c"):
+        return "temperature °C", "°C", 1.0
+    return "other counters", "", 1.0
+
+
+_GROUP_ORDER = ("power W", "activity %", "PCIe / link GB/s", "bandwidth GB/s", "clock MHz", "temperature °C",
+                "other counters")
+
+
+def counter_overview(df: pl.DataFrame, base_ns: int, end_ns: int, nbins: int) -> list[dict[str, Any]]:
+    """Counters of the whole capture as heat strips: per group, one row per (rank, counter),
+    the mean value per overview bin (float32, NaN before the first sample; bins without a
+    sample hold the previous bin's value)."""
+    c = df.filter((pl.col("kind").cast(pl.String) == "counter") & pl.col("value").is_not_null()
+                  & pl.col("value").is_finite())
+    if c.height == 0:
+        return []
+    span = max(end_ns - base_ns, 1)
+    c = c.select(pl.col("rank"), pl.col("name").cast(pl.String),
+                 ((pl.col("ts_ns") - base_ns).clip(0, span - 1) * nbins // span).cast(pl.Int64).alias("b"),
+                 pl.col("value"))
+    agg = c.group_by(["rank", "name", "b"]).agg(pl.col("value").mean())
+    groups: dict[str, dict[str, Any]] = {}
+    for (rank, name), g in sorted(agg.partition_by(["rank", "name"], as_dict=True).items()):
+        title, unit, scale = counter_group(name)
+        row = np.full(nbins, np.nan, np.float64)
+        row[g.get_column("b").to_numpy()] = g.get_column("value").to_numpy() * scale
+        have = ~np.isnan(row)
+        idx = np.where(have, np.arange(nbins), -1)
+        np.maximum.accumulate(idx, out=idx)
+        filled = np.where(idx >= 0, row[np.maximum(idx, 0)], np.nan)
+        grp = groups.setdefault(title, {"group": esc(title), "unit": esc(unit), "rows": [], "z": []})
+        grp["rows"].append([int(rank), esc(name)])
+        grp["z"].append(filled)
+    out = []
+    for title in sorted(groups, key=lambda t: _GROUP_ORDER.index(t) if t in _GROUP_ORDER else 99):
+        g = groups[title]
+        z = np.vstack(g.pop("z"))
+        finite = z[np.isfinite(z)]
+        lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+        if title == "activity %":
+            lo, hi = 0.0, max(100.0, hi)
+        elif lo >= 0:
+            lo = 0.0
+        g.update({"nbins": nbins, "zmin": lo, "zmax": hi if hi > lo else lo + 1, "z": b64(z.ravel(), "f4")})
+        out.append(g)
+    return out
+
+
+def counter_payload(df: pl.DataFrame, base_ns: int, lo_ns: int, hi_ns: int, *, points: int = 2000) -> list[dict[str, Any]]:
+    """Counter series per (rank, name) inside ``[lo, hi)``, min/max-decimated to ≤ 2·points samples."""
+    c = df.filter((pl.col("kind").cast(pl.String) == "counter") & pl.col("value").is_not_null()
+                  & (pl.col("ts_ns") >= lo_ns) & (pl.col("ts_ns") < hi_ns))
+    if c.height == 0:
+        return []
+    c = c.select(pl.col("rank"), pl.col("name").cast(pl.String), "ts_ns", "value")
+    span = max(hi_ns - lo_ns, 1)
+    c = c.with_columns(pl.len().over(["rank", "name"]).alias("_n"))
+    small = c.filter(pl.col("_n") <= 2 * points).select("rank", "name", "ts_ns", "value")
+    big = c.filter(pl.col("_n") > 2 * points)
+    if big.height:
+        b = big.with_columns(((pl.col("ts_ns") - lo_ns) * points // span).alias("_b"))
+        lo = b.sort("value").group_by(["rank", "name", "_b"]).agg(pl.col("ts_ns").first(), pl.col("value").first())
+        hi = b.sort("value").group_by(["rank", "name", "_b"]).agg(pl.col("ts_ns").last(), pl.col("value").last())
+        big = pl.concat([lo, hi]).unique(["rank", "name", "ts_ns"]).drop("_b")
+        small = pl.concat([small, big.select(small.columns)])
+    out = []
+    for (rank, name), g in sorted(small.sort("ts_ns").partition_by(["rank", "name"], as_dict=True).items()):
+        title, unit, scale = counter_group(name)
+        x = (g.get_column("ts_ns").to_numpy() - base_ns) / 1e6
+        y = g.get_column("value").to_numpy() * scale
+        out.append({"rank": int(rank), "name": esc(name), "group": esc(title), "unit": esc(unit),
+                    "x": b64(x, "f8"), "y": b64(y, "f4")})
+    return out

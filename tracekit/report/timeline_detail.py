@@ -1,0 +1,267 @@
+"""Timeline payload, part 2: the detail window (lanes, kernel segments, steps, ranges,
+collectives, stall and PCIe marks).
+
+Pure and vectorized. Segments are float32 µs offsets from the window start
+(≈ 0.01 µs resolution over a 100 ms window) with integer codes into string
+tables; every string that comes from the trace is HTML-escaped here, once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import polars as pl
+
+from tracekit.report.timeline_data import Window, b64, esc, esc_expr
+
+__all__ = ["detail_payload", "MAX_SEGMENTS", "MAX_RANGE_DEPTH"]
+
+MAX_SEGMENTS = 100_000
+MAX_RANGE_DEPTH = 4
+_FOLD_BUDGET = 10_000
+
+
+def _codes(s: pl.Series) -> tuple[np.ndarray, list[str]]:
+    """Dense codes (0-based, nulls → 0 with table[0] = '') and the escaped string table."""
+    s = s.cast(pl.String)
+    uniq = s.drop_nulls().unique().sort()
+    table = [""] + [esc(v) for v in uniq.to_list()]
+    codes = s.rank("dense").fill_null(0).cast(pl.UInt32).to_numpy()  # rank starts at 1: slot 0 is ""
+    return codes.astype(np.uint32), table
+
+
+def _in_window(df: pl.DataFrame, w: Window) -> pl.DataFrame:
+    return df.filter((pl.col("ts_ns") < w.end_ns) & ((pl.col("ts_ns") + pl.col("dur_ns")) > w.start_ns)
+                     | ((pl.col("dur_ns") == 0) & (pl.col("ts_ns") >= w.start_ns) & (pl.col("ts_ns") < w.end_ns)))
+
+
+def _range_depth(r: pl.DataFrame) -> pl.DataFrame:
+    """Nesting depth of ranges per rank: ranges open at each start (vectorized search_sorted)."""
+    r = r.sort(["rank", "ts_ns", "dur_ns"], descending=[False, False, True]).with_columns(
+        (pl.col("ts_ns") + pl.col("dur_ns")).alias("_end"))
+    r = r.with_columns(pl.int_range(pl.len()).over("rank").alias("_pos"))
+    out = []
+    for _rank, g in r.partition_by("rank", as_dict=True).items():
+        ends = np.sort(g.get_column("_end").to_numpy())
+        closed = np.searchsorted(ends, g.get_column("ts_ns").to_numpy(), side="right")
+        depth = g.get_column("_pos").to_numpy() - closed
+        out.append(g.with_columns(pl.Series("depth", np.clip(depth, 0, MAX_RANGE_DEPTH - 1).astype(np.int32))))
+    return pl.concat(out).drop(["_end", "_pos"]) if out else r.with_columns(pl.lit(0, pl.Int32).alias("depth"))
+
+
+def _instances(ops_all: pl.DataFrame, analysis: Mapping[str, Any] | None) -> pl.DataFrame:
+    """Per collective kernel: rank, ts_ns, pg, seq, wait_ns, late_rank, n_ranks.
+
+    From ``analysis['collective_instances']`` (list of dicts or frame with rank,
+    arrival_ns, pg, seq, wait_ns, ...) when given, else from the frame's
+    ``pg_name``/``coll_seq`` with wait = min(last arrival − own arrival, own duration).
+    """
+    schema = {"rank": pl.Int64, "ts_ns": pl.Int64, "pg": pl.String, "seq": pl.Int64, "wait_ns": pl.Int64,
+              "late_rank": pl.Int64, "n_ranks": pl.Int64}
+    inst = (analysis or {}).get("collective_instances")
+    if inst is not None:
+        try:
+            f = inst if isinstance(inst, pl.DataFrame) else pl.DataFrame(list(inst), infer_schema_length=None)
+            if {"rank", "arrival_ns", "pg", "seq"} <= set(f.columns):
+                f = f.with_columns(
+                    *[pl.lit(None).alias(c) for c in ("wait_ns", "late_rank", "n_ranks") if c not in f.columns])
+                return f.select(
+                    pl.col("rank").cast(pl.Int64), pl.col("arrival_ns").cast(pl.Int64).alias("ts_ns"),
+                    pl.col("pg").cast(pl.String), pl.col("seq").cast(pl.Int64), pl.col("wait_ns").cast(pl.Int64),
+                    pl.col("late_rank").cast(pl.Int64), pl.col("n_ranks").cast(pl.Int64))
+        except (TypeError, ValueError, pl.exceptions.PolarsError):
+            pass
+    c = ops_all.filter(pl.col("pg_name").is_not_null() & pl.col("coll_seq").is_not_null())
+    if c.height == 0:
+        return pl.DataFrame(schema=schema)
+    key = ["pg", "seq"]
+    c = c.select(pl.col("rank").cast(pl.Int64), "ts_ns", "dur_ns", pl.col("pg_name").cast(pl.String).alias("pg"),
+                 pl.col("coll_seq").alias("seq"))
+    return c.with_columns(
+        pl.min_horizontal(pl.col("ts_ns").max().over(key) - pl.col("ts_ns"), pl.col("dur_ns")).clip(0).alias("wait_ns"),
+        pl.col("rank").sort_by("ts_ns").last().over(key).alias("late_rank"),
+        pl.len().over(key).cast(pl.Int64).alias("n_ranks"),
+    ).select(list(schema))
+
+
+def detail_payload(
+    df: pl.DataFrame,
+    ops_all: pl.DataFrame,
+    cats: Sequence[str],
+    base_ns: int,
+    w: Window,
+    *,
+    analysis: Mapping[str, Any] | None = None,
+    stalls: Sequence[Mapping[str, Any]] = (),
+    pcie: Sequence[Mapping[str, Any]] = (),
+    max_segments: int = MAX_SEGMENTS,
+) -> dict[str, Any]:
+    """Lanes and drawable items for the window; see the module docstring for units."""
+    kind = pl.col("kind").cast(pl.String)
+    w0 = w.start_ns
+
+    def off_us(col: pl.Expr) -> pl.Expr:
+        return ((col - w0).cast(pl.Float64) / 1e3)
+
+    ops = _in_window(ops_all, w)
+    steps = _in_window(df.filter(kind == "step"), w)
+    ranges = _in_window(df.filter(kind == "range"), w)
+    if ranges.height:
+        ranges = _range_depth(ranges)
+
+    # ---- lanes: per rank: steps row, range rows, one row per (device, stream)
+    ranks = sorted(set(ops.get_column("rank").to_list()) | set(steps.get_column("rank").to_list())
+                   | set(ranges.get_column("rank").to_list()) | {s["rank"] for s in stalls if s["rank"] is not None})
+    streams = ops.select("rank", "device", "stream").unique().sort(["rank", "device", "stream"])
+    depth_n = (ranges.group_by("rank").agg(pl.col("depth").max()) if ranges.height
+               else pl.DataFrame(schema={"rank": pl.Int32, "depth": pl.Int32}))
+    depth_of = dict(zip(depth_n.get_column("rank").to_list(), depth_n.get_column("depth").to_list()))
+    has_steps = set(steps.get_column("rank").to_list())
+    lanes: list[dict[str, Any]] = []
+    lane_rows: list[tuple[int, str, int, int]] = []  # rank, kind, key1, key2 → lane index
+    for r in ranks:
+        first = len(lanes)
+        if r in has_steps:
+            lanes.append({"label": f"r{r} steps", "rank": int(r), "kind": "step"})
+            lane_rows.append((r, "step", 0, 0))
+        for d in range(int(depth_of[r]) + 1 if r in depth_of else 0):
+            lanes.append({"label": f"r{r} ranges" + (f" d{d}" if d else ""), "rank": int(r), "kind": "range"})
+            lane_rows.append((r, "range", d, 0))
+        for dev, st in streams.filter(pl.col("rank") == r).select("device", "stream").iter_rows():
+            lanes.append({"label": f"r{r} dev{dev} s{st}" if dev >= 0 else f"r{r} s{st}", "rank": int(r),
+                          "kind": "stream"})
+            lane_rows.append((r, "stream", int(dev), int(st)))
+        for ln in lanes[first:]:
+            ln["first"] = first
+            ln["last"] = len(lanes) - 1
+    lane_df = pl.DataFrame(
+        {"rank": [x[0] for x in lane_rows], "_lk": [x[1] for x in lane_rows], "_k1": [x[2] for x in lane_rows],
+         "_k2": [x[3] for x in lane_rows], "lane": list(range(len(lane_rows)))},
+        schema={"rank": pl.Int64, "_lk": pl.String, "_k1": pl.Int64, "_k2": pl.Int64, "lane": pl.Int64})
+
+    def with_lane(f: pl.DataFrame, lk: str, k1: pl.Expr, k2: pl.Expr) -> pl.DataFrame:
+        f = f.with_columns(pl.col("rank").cast(pl.Int64), pl.lit(lk).alias("_lk"), k1.cast(pl.Int64).alias("_k1"),
+                           k2.cast(pl.Int64).alias("_k2"))
+        return f.join(lane_df, on=["rank", "_lk", "_k1", "_k2"], how="inner").drop(["_lk", "_k1", "_k2"])
+
+    # ---- kernels: cap + fold
+    ops = with_lane(ops, "stream", pl.col("device"), pl.col("stream"))
+    n_all = ops.height
+    folded: dict[str, Any] | None = None
+    if n_all > max_segments:
+        quota = (pl.len().over("lane").cast(pl.Float64) * (max_segments / n_all)).ceil()
+        ops = ops.with_columns(
+            (pl.col("dur_ns").rank("ordinal", descending=True).over("lane") <= quota).alias("_keep"))
+        rest = ops.filter(~pl.col("_keep"))
+        ops = ops.filter(pl.col("_keep")).drop("_keep")
+        nb = max(20, _FOLD_BUDGET // max(len(lanes), 1))
+        span = max(w.end_ns - w.start_ns, 1)
+        fb = rest.with_columns(((pl.col("ts_ns") - w0).clip(0, span - 1) * nb // span).alias("_b")).group_by(
+            ["lane", "_b"]).agg(pl.len().alias("n"), pl.col("dur_ns").sum().alias("busy"),
+                                pl.col("ts_ns").min().alias("s"), (pl.col("ts_ns") + pl.col("dur_ns")).max().alias("e")
+                                ).sort(["lane", "s"])
+        folded = {
+            "n_ops": int(rest.height), "n": int(fb.height),
+            "start": b64(fb.select(off_us(pl.col("s"))).to_series().to_numpy(), "f4"),
+            "dur": b64(((fb.get_column("e") - fb.get_column("s")).cast(pl.Float64) / 1e3).to_numpy(), "f4"),
+            "lane": b64(fb.get_column("lane").to_numpy(), "u2"),
+            "count": b64(fb.get_column("n").to_numpy(), "u4"),
+            "busy": b64((fb.get_column("busy").cast(pl.Float64) / 1e3).to_numpy(), "f4"),
+        }
+    ops = ops.sort(["lane", "ts_ns"])
+    cat_idx = {c: i for i, c in enumerate(cats)}
+    name_codes, names = _codes(ops.get_column("name"))
+    cfg = pl.concat_str([
+        pl.when(pl.col("grid_x").is_not_null()).then(pl.format("grid ({},{},{}) block ({},{},{})",
+                                                                pl.col("grid_x"), pl.col("grid_y").fill_null(1),
+                                                                pl.col("grid_z").fill_null(1),
+                                                                pl.col("block_x").fill_null(1), pl.col("block_y").fill_null(1),
+                                                                pl.col("block_z").fill_null(1))),
+        pl.when(pl.col("registers_per_thread").is_not_null()).then(pl.format("regs {}", pl.col("registers_per_thread"))),
+        pl.when(pl.col("shared_mem_bytes").is_not_null() & (pl.col("shared_mem_bytes") > 0)).then(
+            pl.format("smem {} B", pl.col("shared_mem_bytes"))),
+        pl.when(pl.col("bytes").is_not_null()).then(pl.format("{} B", pl.col("bytes"))),
+        pl.col("memcpy_kind").cast(pl.String),
+    ], separator=" · ", ignore_nulls=True)
+    cfg_codes, cfgs = _codes(ops.select(pl.when(cfg == "").then(None).otherwise(cfg)).to_series())
+    kern: dict[str, Any] = {
+        "n": int(ops.height), "n_all": int(n_all),
+        "start": b64(ops.select(off_us(pl.col("ts_ns"))).to_series().to_numpy(), "f4"),
+        "dur": b64((ops.get_column("dur_ns").cast(pl.Float64) / 1e3).to_numpy(), "f4"),
+        "lane": b64(ops.get_column("lane").to_numpy(), "u2"),
+        "cat": b64(ops.get_column("category").replace_strict(cat_idx, default=0, return_dtype=pl.UInt8).to_numpy(), "u1"),
+        "name": b64(name_codes, "u4"),
+        "cfg": b64(cfg_codes, "u4"),
+        "step": b64(ops.get_column("step_id").fill_null(-1).clip(-1, 2**31 - 1).to_numpy(), "i4"),
+        "kind": b64(ops.get_column("kind").cast(pl.String).replace_strict(
+            {"kernel": 0, "memcpy": 1, "memset": 2}, default=0, return_dtype=pl.UInt8).to_numpy(), "u1"),
+    }
+    # ---- collectives: wait overlay, instance links
+    inst = _instances(ops_all, analysis)
+    coll: dict[str, Any] | None = None
+    if inst.height and ops.height:
+        k = ops.with_row_index("_i").select("_i", pl.col("rank").cast(pl.Int64), "ts_ns", "lane", "dur_ns").join(
+            inst, on=["rank", "ts_ns"], how="inner").unique("_i").sort("_i")
+        if k.height:
+            pg_codes, pgs = _codes(k.get_column("pg"))
+            coll = {
+                "n": int(k.height),
+                "idx": b64(k.get_column("_i").to_numpy(), "u4"),
+                "pg": b64(pg_codes, "u4"), "pgs": pgs,
+                "seq": b64(k.get_column("seq").fill_null(-1).to_numpy(), "i4"),
+                "wait": b64((k.get_column("wait_ns").fill_null(0).cast(pl.Float64) / 1e3).to_numpy(), "f4"),
+                "late": b64(k.get_column("late_rank").fill_null(-1).to_numpy(), "i4"),
+                "nr": b64(k.get_column("n_ranks").fill_null(0).to_numpy(), "u2"),
+            }
+            # links: one polyline per instance over its lanes at the release time (last arrival)
+            links = k.with_columns((pl.col("ts_ns") + pl.col("wait_ns").fill_null(0)).alias("_rel")).group_by(
+                ["pg", "seq"]).agg(pl.col("_rel").max(), pl.col("lane").sort()).filter(pl.col("lane").list.len() > 1)
+            if links.height:
+                links = links.sort("_rel").head(20_000)
+                coll["link_x"] = b64(links.select(off_us(pl.col("_rel"))).to_series().to_numpy(), "f4")
+                coll["link_lanes"] = b64(links.get_column("lane").list.explode().to_numpy(), "u2")
+                coll["link_len"] = b64(links.get_column("lane").list.len().to_numpy(), "u2")
+    # ---- steps
+    stp: dict[str, Any] | None = None
+    if steps.height:
+        steps = with_lane(steps, "step", pl.lit(0), pl.lit(0)).sort(["lane", "ts_ns"])
+        label = pl.concat_str([
+            pl.format("step {}", pl.col("step_id").cast(pl.String).fill_null("?")),
+            esc_expr(pl.col("step_mode")), pl.format("bs={}", pl.col("batch_size")),
+            pl.format("tokens={}", pl.col("tokens")),
+            pl.when(pl.col("profiled") == False).then(pl.lit("(unprofiled)")),  # noqa: E712
+        ], separator=" ", ignore_nulls=True)
+        stp = {"n": int(steps.height),
+               "start": b64(steps.select(off_us(pl.col("ts_ns"))).to_series().to_numpy(), "f4"),
+               "dur": b64((steps.get_column("dur_ns").cast(pl.Float64) / 1e3).to_numpy(), "f4"),
+               "lane": b64(steps.get_column("lane").to_numpy(), "u2"),
+               "id": b64(steps.get_column("step_id").fill_null(-1).clip(-1, 2**31 - 1).to_numpy(), "i4"),
+               "label": steps.select(label).to_series().to_list()}
+    # ---- ranges
+    rng: dict[str, Any] | None = None
+    if ranges.height:
+        ranges = with_lane(ranges, "range", pl.col("depth"), pl.lit(0)).sort(["lane", "ts_ns"])
+        rc, rnames = _codes(ranges.get_column("name"))
+        rng = {"n": int(ranges.height), "names": rnames,
+               "start": b64(ranges.select(off_us(pl.col("ts_ns"))).to_series().to_numpy(), "f4"),
+               "dur": b64((ranges.get_column("dur_ns").cast(pl.Float64) / 1e3).to_numpy(), "f4"),
+               "lane": b64(ranges.get_column("lane").to_numpy(), "u2"),
+               "name": b64(rc, "u4")}
+    # ---- marks from the analysis (already escaped)
+    def marks(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for it in items:
+            if it["end_ns"] < w.start_ns or it["start_ns"] > w.end_ns:
+                continue
+            out.append({"rank": it["rank"], "s": (it["start_ns"] - w0) / 1e3, "d": it["dur_ns"] / 1e3,
+                        "label": it["label"], "detail": it["detail"]})
+            if len(out) >= 5000:
+                break
+        return out
+
+    return {
+        "x0_ms": (w.start_ns - base_ns) / 1e6, "x1_ms": (w.end_ns - base_ns) / 1e6, "reason": esc(w.reason),
+        "lanes": lanes, "kernels": kern, "names": names, "cfgs": cfgs, "folded": folded, "coll": coll,
+        "steps": stp, "ranges": rng, "stalls": marks(stalls), "pcie": marks(pcie),
+    }

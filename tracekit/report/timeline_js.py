@@ -1,0 +1,457 @@
+"""The page script and style of the timeline HTML (vendored; no network).
+
+The script reads the JSON payload from ``<script type="application/json"
+id="tk-data">``, decodes the typed arrays, builds one plotly figure with
+subplots (one WebGL canvas set for the whole page) and writes a status object
+into ``<pre id="tk-status">`` for headless tests and the benchmark:
+``{ok, errors, lanes, traces, segments, render_ms, zoom_ms?, zoom_overview_ms?}``.
+``location.hash`` containing ``bench`` runs programmatic zoom steps after the
+first render. Strings in the payload are already HTML-escaped by Python; the
+script only concatenates them into plotly labels and never writes innerHTML
+from data.
+"""
+
+from __future__ import annotations
+
+__all__ = ["TIMELINE_JS", "TIMELINE_CSS"]
+
+TIMELINE_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 16px;color:#222;font-size:13px}
+h1{font-size:18px;margin:12px 0 4px} h2{font-size:14px;margin:14px 0 4px}
+.meta{color:#555} table{border-collapse:collapse;margin:4px 0}
+td,th{border:1px solid #ddd;padding:2px 6px;text-align:right;white-space:nowrap}
+th{background:#f4f4f4} td.l,th.l{text-align:left;white-space:normal}
+.chip{display:inline-block;width:10px;height:10px;margin-right:4px;vertical-align:middle;border-radius:2px}
+.legend span{margin-right:12px;white-space:nowrap}
+tr.jump{cursor:pointer} tr.jump:hover{background:#fff3d6}
+.cols{display:flex;gap:24px;flex-wrap:wrap} .note{color:#777;font-size:12px}
+#tk-status{display:none} code{background:#f4f4f4;padding:0 3px}
+"""
+
+TIMELINE_JS = r"""
+(function () {
+"use strict";
+var T0 = performance.now();
+var STATUS = {ok: false, errors: [], lanes: [], traces: 0, segments: 0};
+function writeStatus() {
+  var el = document.getElementById('tk-status');
+  if (el) el.textContent = JSON.stringify(STATUS);
+}
+function fail(m) { STATUS.errors.push(String(m)); writeStatus(); }
+window.addEventListener('error', function (e) { fail('error: ' + (e && e.message ? e.message : e)); });
+window.addEventListener('unhandledrejection', function (e) {
+  fail('rejection: ' + (e && e.reason && e.reason.message ? e.reason.message : e && e.reason));
+});
+var _ce = console.error;
+console.error = function () {
+  STATUS.errors.push('console.error: ' + Array.prototype.join.call(arguments, ' '));
+  return _ce.apply(console, arguments);
+};
+
+function dec(a) {
+  if (!a) return null;
+  var bin = atob(a.b), n = bin.length, u = new Uint8Array(n);
+  for (var i = 0; i < n; i++) u[i] = bin.charCodeAt(i);
+  switch (a.t) {
+    case 'f4': return new Float32Array(u.buffer);
+    case 'f8': return new Float64Array(u.buffer);
+    case 'u1': return u;
+    case 'u2': return new Uint16Array(u.buffer);
+    case 'u4': return new Uint32Array(u.buffer);
+    case 'i4': return new Int32Array(u.buffer);
+  }
+  throw new Error('unknown array type ' + a.t);
+}
+function fmtDur(us) {
+  if (us >= 1e6) return (us / 1e6).toFixed(3) + ' s';
+  if (us >= 1000) return (us / 1000).toFixed(3) + ' ms';
+  return us.toFixed(us < 10 ? 2 : 1) + ' µs';
+}
+function fmtMs(ms) { return ms.toFixed(3) + ' ms'; }
+var RANK_COLORS = ['#1f77b4', '#ff7f0e', '#2ca02c', '#d62728', '#9467bd', '#8c564b', '#e377c2', '#7f7f7f',
+                   '#bcbd22', '#17becf'];
+function lighten(hex, f) {
+  var n = parseInt(hex.slice(1), 16), r = n >> 16, g = (n >> 8) & 255, b = n & 255;
+  r = Math.round(r + (255 - r) * f); g = Math.round(g + (255 - g) * f); b = Math.round(b + (255 - b) * f);
+  return 'rgb(' + r + ',' + g + ',' + b + ')';
+}
+
+var P = JSON.parse(document.getElementById('tk-data').textContent);
+var CATS = P.cats, COLORS = P.colors, NC = CATS.length;
+var traces = [], layout, axN = 0, top = 0, GAP = 28;
+var D = P.detail, OV = P.overview;
+var LANE_PX = 22, LW = 14;
+var nLanes = D.lanes.length;
+STATUS.lanes = D.lanes.map(function (l) { return l.label; });
+
+// ---- vertical plan (px)
+var blocks = [];
+var ovRows = OV.rows.length;
+if (ovRows) blocks.push({kind: 'ov', h: Math.max(90, ovRows * 7)});
+(P.counters || []).forEach(function (g) { blocks.push({kind: 'ovc', h: Math.max(40, g.rows.length * 7), g: g}); });
+blocks.push({kind: 'det', h: Math.max(120, nLanes * LANE_PX)});
+var detGroups = groupCounters(P.counters_window);
+detGroups.forEach(function (g) { blocks.push({kind: 'detc', h: 85, g: g}); });
+var plotH = 0;
+blocks.forEach(function (b, i) { plotH += b.h + (i ? GAP : 0); });
+var MT = 90, MB = 45, H = plotH + MT + MB;
+layout = {
+  height: H, margin: {l: 140, r: 24, t: MT, b: MB}, hovermode: 'closest', dragmode: 'zoom',
+  showlegend: true, legend: {orientation: 'h', x: 0, y: 1 + 58 / plotH, yanchor: 'bottom', font: {size: 11}},
+  plot_bgcolor: '#ffffff', paper_bgcolor: '#ffffff', font: {size: 11}, shapes: [], annotations: [],
+  hoverlabel: {align: 'left', namelength: -1}
+};
+function groupCounters(list) {
+  var groups = [], byName = {};
+  (list || []).forEach(function (c) {
+    if (!byName[c.group]) { byName[c.group] = {title: c.group, unit: c.unit, series: []}; groups.push(byName[c.group]); }
+    byName[c.group].series.push(c);
+  });
+  return groups;
+}
+function addAxes(h, matches, yopts, xopts) {
+  axN += 1;
+  var xs = axN === 1 ? '' : String(axN);
+  var d1 = 1 - top / plotH, d0 = 1 - (top + h) / plotH;
+  top += h + GAP;
+  var xa = {domain: [0, 1], anchor: 'y' + xs, showgrid: true, gridcolor: '#eee', zeroline: false,
+            ticksuffix: ' ms', tickfont: {size: 10}};
+  if (matches) xa.matches = matches;
+  var ya = {domain: [Math.max(0, d0), Math.min(1, d1)], anchor: 'x' + xs, zeroline: false, tickfont: {size: 10}};
+  Object.keys(xopts || {}).forEach(function (k) { xa[k] = xopts[k]; });
+  Object.keys(yopts || {}).forEach(function (k) { ya[k] = yopts[k]; });
+  layout['xaxis' + xs] = xa; layout['yaxis' + xs] = ya;
+  return {x: 'x' + xs, y: 'y' + xs, xs: xs};
+}
+
+var ovAx = null, detAx = null;
+blocks.forEach(function (b) {
+  if (b.kind === 'ov') {
+    var rankTicks = [], rankText = [], prev = null;
+    OV.rows.forEach(function (r, i) { if (r[0] !== prev) { rankTicks.push(i); rankText.push('rank ' + r[0]); prev = r[0]; } });
+    ovAx = addAxes(b.h, null, {autorange: false, range: [ovRows - 0.5, -0.5], fixedrange: true, tickvals: rankTicks,
+                               ticktext: rankText, showgrid: false},
+                   {range: [0, P.span_ms], title: {text: 'overview: busy share per rank × category (whole capture)',
+                                                  font: {size: 11}, standoff: 2}, side: 'top'});
+    buildOverview(ovAx);
+  } else if (b.kind === 'ovc') {
+    buildCounterStrip(b.g, b.h);
+  } else if (b.kind === 'det') {
+    detAx = addAxes(b.h, null, {autorange: false, range: [nLanes - 0.5, -0.5], fixedrange: true,
+                                tickvals: D.lanes.map(function (l, i) { return i; }), ticktext: STATUS.lanes,
+                                showgrid: false},
+                    {range: [D.x0_ms, D.x1_ms], title: {text: 'detail: ' + D.reason, font: {size: 11}, standoff: 2},
+                     side: 'top'});
+    buildDetail(detAx);
+  } else if (b.kind === 'detc') {
+    var a2 = addAxes(b.h, detAx ? detAx.x : null, {title: {text: b.g.title, font: {size: 10}}, fixedrange: true,
+                                                   rangemode: 'tozero'}, {});
+    buildCounters(a2, b.g, 1);
+  }
+});
+
+function buildOverview(ax) {
+  var nb = OV.nbins, q = dec(OV.z), x = new Array(nb), z = [], text = [], y = [];
+  for (var j = 0; j < nb; j++) x[j] = (j + 0.5) * OV.bin_ms;
+  for (var i = 0; i < ovRows; i++) {
+    var r = OV.rows[i], c = r[1], row = new Array(nb), trow = new Array(nb), lab = 'rank ' + r[0] + ' · ' + CATS[c];
+    for (var k = 0; k < nb; k++) {
+      var v = q[i * nb + k];
+      if (v === 0) { row[k] = null; trow[k] = ''; }
+      else { row[k] = c + 0.1 + 0.89 * v / 255; trow[k] = lab + '<br>busy ' + (100 * v / 255).toFixed(0) + '%'; }
+    }
+    z.push(row); text.push(trow); y.push(i);
+  }
+  var cs = [];
+  for (var c2 = 0; c2 < NC; c2++) {
+    cs.push([c2 / NC, lighten(COLORS[c2], 0.85)]);
+    cs.push([(c2 + 1) / NC - 1e-6, COLORS[c2]]);
+  }
+  if (cs.length === 0) cs = [[0, '#fff'], [1, '#000']];
+  cs[cs.length - 1][0] = 1;
+  traces.push({type: 'heatmap', x: x, y: y, z: z, text: text, zmin: 0, zmax: NC, colorscale: cs, showscale: false,
+               xaxis: ax.x, yaxis: ax.y, hovertemplate: '%{text}<br>t=%{x:.1f} ms<extra></extra>', hoverongaps: false,
+               name: 'overview', showlegend: false});
+  layout.shapes.push({type: 'rect', xref: ax.x, yref: ax.y + ' domain', x0: D.x0_ms, x1: D.x1_ms, y0: 0, y1: 1,
+                      line: {color: '#000', width: 1, dash: 'dot'}, fillcolor: 'rgba(0,0,0,0.06)'});
+  var st = P.stalls_all || [];
+  if (st.length) {
+    var firstRow = {};
+    OV.rows.forEach(function (r, i) { if (!(r[0] in firstRow)) firstRow[r[0]] = i; });
+    var sx = [], sy = [], stx = [];
+    st.forEach(function (s) {
+      sx.push(s.t_ms); sy.push(s.rank !== null && s.rank in firstRow ? firstRow[s.rank] : 0);
+      stx.push('stall · ' + s.label + (s.rank !== null ? ' · rank ' + s.rank : '') + '<br>' + fmtDur(s.d_ms * 1000) +
+               (s.detail ? '<br>' + s.detail : ''));
+    });
+    traces.push({type: 'scatter', mode: 'markers', x: sx, y: sy, text: stx, hovertemplate: '%{text}<extra></extra>',
+                 marker: {symbol: 'triangle-down', size: 9, color: '#000'}, xaxis: ax.x, yaxis: ax.y,
+                 name: 'stall', legendgroup: 'stall', showlegend: false});
+  }
+}
+
+// whole-capture counters: one heat strip per (rank, counter), colour = mean value in the bin
+function buildCounterStrip(g, h) {
+  var nr = g.rows.length, ticks = [], ttext = [], prev = null;
+  g.rows.forEach(function (r, i) { if (r[0] !== prev) { ticks.push(i); ttext.push('rank ' + r[0]); prev = r[0]; } });
+  var ax = addAxes(h, ovAx ? 'x' : null, {autorange: false, range: [nr - 0.5, -0.5], fixedrange: true, tickvals: ticks,
+                                          ticktext: ttext, showgrid: false,
+                                          title: {text: g.group, font: {size: 10}}}, {showticklabels: false});
+  var nb = g.nbins, v = dec(g.z), x = new Array(nb), z = [], y = [], text = [];
+  for (var j = 0; j < nb; j++) x[j] = (j + 0.5) * OV.bin_ms;
+  for (var i = 0; i < nr; i++) {
+    var row = new Array(nb), lab = 'rank ' + g.rows[i][0] + ' · ' + g.rows[i][1];
+    for (var k = 0; k < nb; k++) { var q = v[i * nb + k]; row[k] = isNaN(q) ? null : q; }
+    z.push(row); y.push(i); text.push(new Array(nb).fill(lab));
+  }
+  traces.push({type: 'heatmap', x: x, y: y, z: z, zmin: g.zmin, zmax: g.zmax, colorscale: 'Viridis', showscale: false,
+               text: text, xaxis: ax.x, yaxis: ax.y, hoverongaps: false, showlegend: false, name: g.group,
+               hovertemplate: '%{text}<br>%{z:.2f} ' + g.unit + ' at %{x:.1f} ms<extra></extra>'});
+  layout['yaxis' + ax.xs].title.text = g.group + ' (' + g.zmin.toPrecision(3) + '–' + g.zmax.toPrecision(3) + ')';
+}
+
+// detail-window counters: SVG lines (few points; keeps the WebGL canvas for the kernels)
+function buildCounters(ax, g, det) {
+  g.series.forEach(function (s) {
+    var isTx = /tx|write|out/.test(s.name);
+    traces.push({type: 'scatter', mode: 'lines', x: Array.from(dec(s.x)), y: Array.from(dec(s.y)), xaxis: ax.x, yaxis: ax.y,
+                 name: 'r' + s.rank + ' ' + s.name, showlegend: false,
+                 line: {width: 1.2, color: RANK_COLORS[s.rank % RANK_COLORS.length], dash: isTx ? 'dot' : 'solid'},
+                 hovertemplate: 'rank ' + s.rank + ' · ' + s.name + '<br>%{y:.2f} ' + s.unit + ' at %{x:.3f} ms<extra></extra>'});
+  });
+}
+
+function segTrace(ax, xs, ys, color, width, name, group, legend) {
+  return {type: 'scattergl', mode: 'lines', x: xs, y: ys, xaxis: ax.x, yaxis: ax.y, hoverinfo: 'skip',
+          line: {color: color, width: width}, name: name, legendgroup: group, showlegend: legend, connectgaps: false};
+}
+function hoverTrace(ax, xs, ys, text, color, group, size) {
+  return {type: 'scattergl', mode: 'markers', x: xs, y: ys, text: text, xaxis: ax.x, yaxis: ax.y,
+          hovertemplate: '%{text}<extra></extra>', legendgroup: group, showlegend: false,
+          marker: {symbol: 'line-ns-open', size: size, color: color, line: {width: 1, color: color}}};
+}
+// segments of [s, s + d) µs offsets → ms arrays with NaN separators
+function segments(idx, start, dur, laneArr, x0, dy) {
+  var n = idx.length, xs = new Float64Array(3 * n), ys = new Float64Array(3 * n);
+  for (var i = 0; i < n; i++) {
+    var k = idx[i], s = x0 + start[k] / 1000, e = s + dur[k] / 1000, y = laneArr[k] + (dy || 0);
+    xs[3 * i] = s; xs[3 * i + 1] = e; xs[3 * i + 2] = NaN;
+    ys[3 * i] = y; ys[3 * i + 1] = y; ys[3 * i + 2] = NaN;
+  }
+  return [xs, ys];
+}
+function mids(idx, start, dur, laneArr, x0) {
+  var n = idx.length, xs = new Float64Array(n), ys = new Float64Array(n);
+  for (var i = 0; i < n; i++) { var k = idx[i]; xs[i] = x0 + (start[k] + dur[k] / 2) / 1000; ys[i] = laneArr[k]; }
+  return [xs, ys];
+}
+
+function buildDetail(ax) {
+  var x0 = D.x0_ms, lanes = D.lanes, i, k;
+  // rank bands (alternate ranks shaded) so lanes group visually
+  var bx = [], by = [], seen = {}, band = 0, far0 = -1e12, far1 = 1e12;
+  lanes.forEach(function (l) {
+    if (seen[l.rank]) return; seen[l.rank] = true; band += 1;
+    if (band % 2 === 0) { bx.push(far0, far1, far1, far0, far0, null); by.push(l.first - 0.5, l.first - 0.5, l.last + 0.5, l.last + 0.5, l.first - 0.5, null); }
+  });
+  if (bx.length) traces.push({type: 'scatter', mode: 'lines', x: bx, y: by, fill: 'toself', fillcolor: 'rgba(0,0,0,0.035)',
+                              line: {width: 0}, hoverinfo: 'skip', showlegend: false, xaxis: ax.x, yaxis: ax.y, name: 'bands'});
+  // PCIe-bound phases: shaded over the rank's lanes
+  var firstLane = {}, lastLane = {};
+  lanes.forEach(function (l) { firstLane[l.rank] = l.first; lastLane[l.rank] = l.last; });
+  if (D.pcie.length) {
+    var px = [], py = [], pt = [];
+    D.pcie.forEach(function (p) {
+      var s = x0 + p.s / 1000, e = s + p.d / 1000;
+      var a = p.rank === null ? -0.5 : (p.rank in firstLane ? firstLane[p.rank] - 0.5 : null);
+      var b = p.rank === null ? nLanes - 0.5 : (p.rank in lastLane ? lastLane[p.rank] + 0.5 : null);
+      if (a === null) return;
+      px.push(s, e, e, s, s, null); py.push(a, a, b, b, a, null);
+      var t = 'PCIe-bound' + (p.label ? ' · ' + p.label : '') + (p.rank !== null ? ' · rank ' + p.rank : '') +
+              '<br>' + fmtDur(p.d) + (p.detail ? '<br>' + p.detail : '');
+      pt.push(t, t, t, t, t, null);
+    });
+    traces.push({type: 'scatter', mode: 'lines', x: px, y: py, fill: 'toself', fillcolor: 'rgba(148,103,189,0.16)',
+                 line: {width: 0}, hoveron: 'fills', text: pt, hoverinfo: 'text', name: 'PCIe-bound',
+                 xaxis: ax.x, yaxis: ax.y, showlegend: true});
+  }
+  // steps
+  if (D.steps) {
+    var S = D.steps, ss = dec(S.start), sd = dec(S.dur), sl = dec(S.lane), sid = dec(S.id), even = [], odd = [], all = [];
+    for (i = 0; i < S.n; i++) { (sid[i] % 2 === 0 ? even : odd).push(i); all.push(i); }
+    var se = segments(even, ss, sd, sl, x0), so = segments(odd, ss, sd, sl, x0);
+    traces.push(segTrace(ax, se[0], se[1], '#4c72b0', LW, 'step', 'step', true));
+    traces.push(segTrace(ax, so[0], so[1], '#9fb4d8', LW, 'step (odd)', 'step', false));
+    var sm = mids(all, ss, sd, sl, x0), stext = all.map(function (j) { return S.label[j] + '<br>' + fmtDur(sd[j]) + ' · starts ' + fmtMs(x0 + ss[j] / 1000); });
+    traces.push(hoverTrace(ax, sm[0], sm[1], stext, '#4c72b0', 'step', LW));
+    STATUS.segments += S.n;
+  }
+  // ranges (NVTX / record_function)
+  if (D.ranges) {
+    var R = D.ranges, rs = dec(R.start), rd = dec(R.dur), rl = dec(R.lane), rn = dec(R.name), ri = [];
+    for (i = 0; i < R.n; i++) ri.push(i);
+    var rsg = segments(ri, rs, rd, rl, x0), rm = mids(ri, rs, rd, rl, x0);
+    traces.push(segTrace(ax, rsg[0], rsg[1], '#6a9f58', LW * 0.8, 'range (NVTX)', 'range', true));
+    traces.push(hoverTrace(ax, rm[0], rm[1], ri.map(function (j) { return R.names[rn[j]] + '<br>range · ' + fmtDur(rd[j]); }),
+                           '#6a9f58', 'range', LW * 0.8));
+    STATUS.segments += R.n;
+  }
+  // folded kernels
+  if (D.folded) {
+    var F = D.folded, fs = dec(F.start), fd = dec(F.dur), fl = dec(F.lane), fc = dec(F.count), fb = dec(F.busy), fi = [];
+    for (i = 0; i < F.n; i++) fi.push(i);
+    var fsg = segments(fi, fs, fd, fl, x0, 0.3), fm = mids(fi, fs, fd, fl, x0);
+    traces.push(segTrace(ax, fsg[0], fsg[1], '#bbbbbb', 4, 'folded (short ops)', 'folded', true));
+    traces.push(hoverTrace(ax, fm[0], fm[1], fi.map(function (j) { return 'folded: ' + fc[j] + ' short ops<br>busy ' + fmtDur(fb[j]) + ' in ' + fmtDur(fd[j]); }),
+                           '#999', 'folded', 6));
+    STATUS.segments += F.n;
+  }
+  // kernels per category
+  var K = D.kernels, ks = dec(K.start), kd = dec(K.dur), kl = dec(K.lane), kc = dec(K.cat), kn = dec(K.name),
+      kg = dec(K.cfg), kst = dec(K.step), kk = dec(K.kind), n = K.n;
+  var C = D.coll, collOf = null, cw, cpg, cseq, clate, cnr;
+  if (C) {
+    collOf = new Int32Array(n).fill(-1);
+    var cidx = dec(C.idx); cw = dec(C.wait); cpg = dec(C.pg); cseq = dec(C.seq); clate = dec(C.late); cnr = dec(C.nr);
+    for (i = 0; i < C.n; i++) collOf[cidx[i]] = i;
+  }
+  var KIND = ['kernel', 'memcpy', 'memset'];
+  var byCat = [];
+  for (var c = 0; c < NC; c++) byCat.push([]);
+  for (i = 0; i < n; i++) byCat[kc[i]].push(i);
+  for (c = 0; c < NC; c++) {
+    var idx = byCat[c];
+    if (!idx.length) continue;
+    var sg = segments(idx, ks, kd, kl, x0), md = mids(idx, ks, kd, kl, x0), text = new Array(idx.length);
+    for (i = 0; i < idx.length; i++) {
+      k = idx[i];
+      var t = '<b>' + D.names[kn[k]] + '</b><br>' + CATS[c] + ' · ' + KIND[kk[k]] + ' · ' + fmtDur(kd[k]) +
+              '<br>start ' + fmtMs(x0 + ks[k] / 1000) + ' · ' + lanes[kl[k]].label;
+      if (kg[k]) t += '<br>' + D.cfgs[kg[k]];
+      if (kst[k] >= 0) t += '<br>step ' + kst[k];
+      if (collOf && collOf[k] >= 0) {
+        var q = collOf[k];
+        t += '<br>collective pg ' + C.pgs[cpg[q]] + ' seq ' + cseq[q] + ' · ' + cnr[q] + ' ranks' +
+             '<br>wait ' + fmtDur(cw[q]) + ' · transfer ' + fmtDur(Math.max(kd[k] - cw[q], 0)) +
+             (clate[q] >= 0 ? ' · last to arrive: rank ' + clate[q] : '');
+      }
+      text[i] = t;
+    }
+    traces.push(segTrace(ax, sg[0], sg[1], COLORS[c], LW, CATS[c], 'cat' + c, true));
+    traces.push(hoverTrace(ax, md[0], md[1], text, COLORS[c], 'cat' + c, LW));
+  }
+  STATUS.segments += n;
+  // collective wait overlay + links
+  if (C) {
+    var wi = [], wstart = new Float32Array(C.n), wdur = new Float32Array(C.n), wl = new Uint16Array(C.n);
+    var cidx2 = dec(C.idx);
+    for (i = 0; i < C.n; i++) {
+      k = cidx2[i];
+      if (cw[i] > 0) { wi.push(i); wstart[i] = ks[k]; wdur[i] = Math.min(cw[i], kd[k]); wl[i] = kl[k]; }
+    }
+    if (wi.length) {
+      var wsg = segments(wi, wstart, wdur, wl, x0);
+      traces.push(segTrace(ax, wsg[0], wsg[1], '#f4b6b0', LW, 'collective wait', 'cwait', true));
+    }
+    if (C.link_x) {
+      var lx = dec(C.link_x), ll = dec(C.link_lanes), ln = dec(C.link_len), total = 0;
+      for (i = 0; i < ln.length; i++) total += ln[i] + 1;
+      var xs = new Float64Array(total), ys = new Float64Array(total), p = 0, o = 0;
+      for (i = 0; i < ln.length; i++) {
+        for (var j = 0; j < ln[i]; j++) { xs[p] = x0 + lx[i] / 1000; ys[p] = ll[o + j]; p++; }
+        o += ln[i]; xs[p] = NaN; ys[p] = NaN; p++;
+      }
+      traces.push({type: 'scattergl', mode: 'lines', x: xs, y: ys, xaxis: ax.x, yaxis: ax.y, hoverinfo: 'skip',
+                   line: {color: 'rgba(110,0,0,0.55)', width: 1}, name: 'collective link (release)',
+                   legendgroup: 'clink', showlegend: true});
+    }
+  }
+  // stalls
+  if (D.stalls.length) {
+    var tx = [], ty = [], tt = [], lx2 = [], ly2 = [];
+    D.stalls.forEach(function (s) {
+      if (s.rank !== null && !(s.rank in firstLane)) return;
+      var y = s.rank === null ? 0 : firstLane[s.rank], xs0 = x0 + s.s / 1000, xe = xs0 + s.d / 1000;
+      tx.push(xs0); ty.push(y - 0.35);
+      tt.push('stall · ' + s.label + (s.rank !== null ? ' · rank ' + s.rank : '') + '<br>' + fmtDur(s.d) +
+              (s.detail ? '<br>' + s.detail : ''));
+      lx2.push(xs0, xe, null); ly2.push(y - 0.35, y - 0.35, null);
+    });
+    traces.push({type: 'scatter', mode: 'lines', x: lx2, y: ly2, xaxis: ax.x, yaxis: ax.y, hoverinfo: 'skip',
+                 line: {color: '#000', width: 3}, name: 'stall', legendgroup: 'stall', showlegend: false});
+    traces.push({type: 'scatter', mode: 'markers', x: tx, y: ty, text: tt, hovertemplate: '%{text}<extra></extra>',
+                 marker: {symbol: 'triangle-down', size: 10, color: '#000'}, xaxis: ax.x, yaxis: ax.y,
+                 name: 'stall', legendgroup: 'stall', showlegend: true});
+  }
+}
+
+var gd = document.getElementById('tk-plot');
+STATUS.traces = traces.length;
+window.tkTimeline = {gd: gd, payload: P, status: STATUS, detailAxis: detAx, overviewAxis: ovAx};
+
+function flushGL() {
+  // wait for the WebGL raster to finish (readPixels blocks until the GPU / SwiftShader is done)
+  var gc = gd._fullLayout && gd._fullLayout._glcanvas, px = new Uint8Array(4);
+  if (gc && gc.each) gc.each(function (d) {
+    var g = d && d.regl && d.regl._gl;
+    if (g) g.readPixels(0, 0, 1, 1, g.RGBA, g.UNSIGNED_BYTE, px);
+  });
+}
+function zoomSteps(axName, lo, hi, n) {
+  // n programmatic zoom steps on one axis; per step [relayout ms, relayout + raster ms]
+  var out = [], chain = Promise.resolve(), mid = (lo + hi) / 2, half = (hi - lo) / 2;
+  for (var i = 1; i <= n; i++) {
+    (function (f) {
+      chain = chain.then(function () {
+        var t = performance.now(), upd = {};
+        upd[axName + '.range'] = [mid - half * f, mid + half * f];
+        return Plotly.relayout(gd, upd).then(function () {
+          var t1 = performance.now(); flushGL(); out.push([t1 - t, performance.now() - t]);
+        });
+      });
+    })(i % 2 === 1 ? Math.pow(0.5, (i + 1) / 2) : Math.pow(0.5, i / 2 - 1) * 0.75);
+  }
+  return chain.then(function () {
+    var upd = {}; upd[axName + '.range'] = [lo, hi];
+    return Plotly.relayout(gd, upd);
+  }).then(function () { return out; });
+}
+window.tkTimeline.zoomSteps = zoomSteps;
+
+// tables that jump to the timeline
+document.addEventListener('click', function (ev) {
+  var tr = ev.target && ev.target.closest ? ev.target.closest('tr.jump') : null;
+  if (!tr || !detAx) return;
+  var a = parseFloat(tr.getAttribute('data-t0')), b = parseFloat(tr.getAttribute('data-t1'));
+  if (!(isFinite(a) && isFinite(b))) return;
+  var note = document.getElementById('tk-jump-note');
+  if (b < D.x0_ms || a > D.x1_ms) {
+    if (note) note.textContent = 'outside the detail window; re-run with the --window shown in the row';
+    return;
+  }
+  if (note) note.textContent = '';
+  var pad = Math.max((b - a) * 0.5, 0.05), upd = {};
+  upd[detAx.x.replace('x', 'xaxis') + '.range'] = [a - pad, b + pad];
+  Plotly.relayout(gd, upd);
+  gd.scrollIntoView({block: 'start'});
+});
+
+try {
+  Plotly.newPlot(gd, traces, layout, {displaylogo: false, responsive: true,
+                                       modeBarButtonsToRemove: ['select2d', 'lasso2d']}).then(function () {
+    flushGL();
+    STATUS.render_ms = performance.now();
+    STATUS.script_ms = performance.now() - T0;
+    STATUS.ok = STATUS.errors.length === 0;
+    writeStatus();
+    if (location.hash.indexOf('bench') >= 0 && detAx) {
+      var dx = detAx.x.replace('x', 'xaxis');
+      return zoomSteps(dx, D.x0_ms, D.x1_ms, 6).then(function (z) {
+        STATUS.zoom_ms = z;
+        return ovAx ? zoomSteps('xaxis', 0, P.span_ms, 6) : [];
+      }).then(function (z2) { STATUS.zoom_overview_ms = z2; STATUS.bench_done = true; writeStatus(); });
+    }
+  }).catch(function (e) { fail('plot: ' + (e && e.message ? e.message : e)); });
+} catch (e) { fail('plot: ' + (e && e.message ? e.message : e)); }
+})();
+"""
