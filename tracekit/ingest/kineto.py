@@ -284,15 +284,30 @@ class _Cols:
             *_ARG_FIELDS,
         )}
 
-    def add(self, evs: list[Any], quality_unknown: dict[str, int]) -> None:
+    @staticmethod
+    def _select(evs: list[Any], quality_unknown: dict[str, int]) -> list[Any]:
         kinds = KINETO_KINDS
         keep = [e for e in evs if e.ph == "X" and e.cat in kinds]
         if len(keep) != len(evs):
+            unknown: dict[str, int] = {}
             for e in evs:
                 if e.ph == "X" and e.cat not in kinds and e.cat not in _SKIP:
-                    quality_unknown[str(e.cat)] = quality_unknown.get(str(e.cat), 0) + 1
+                    unknown[str(e.cat)] = unknown.get(str(e.cat), 0) + 1
                 elif e.ph in ("i", "I") and e.cat not in _SKIP and e.ts is not None:
                     keep.append(e)
+            for k, v in unknown.items():
+                quality_unknown[k] = quality_unknown.get(k, 0) + v
+        return keep
+
+    def add(self, evs: list[Any], quality_unknown: dict[str, int]) -> None:
+        kinds = KINETO_KINDS
+        try:
+            keep = self._select(evs, quality_unknown)
+        except TypeError:  # an unhashable "cat" (list/object): treat it as its text, an unknown category
+            for e in evs:
+                if e.cat is not None and not isinstance(e.cat, str):
+                    e.cat = str(e.cat)
+            keep = self._select(evs, quality_unknown)
         if not keep:
             return
         c = self.c
