@@ -20,10 +20,17 @@ def _analysis(df: Any, meta: dict[str, Any]) -> dict[str, Any] | None:
     except ImportError:
         return None
     try:
-        return analyze_frame(df, meta)
+        res = analyze_frame(df, meta)
     except Exception as e:  # noqa: BLE001 - the timeline is still useful without the summary
         print(f"tracekit: warning: analysis failed ({type(e).__name__}: {e}); the page has no summary", file=sys.stderr)
         return None
+    try:  # matched instances (also for collectives without pg_name/coll_seq metadata): wait + links
+        from tracekit.analysis.collectives import match_collectives
+
+        res["collective_instances"] = match_collectives(df)
+    except Exception as e:  # noqa: BLE001
+        print(f"tracekit: warning: collective matching failed ({type(e).__name__}: {e})", file=sys.stderr)
+    return res
 
 
 def register(app: typer.Typer) -> None:
@@ -37,6 +44,7 @@ def register(app: typer.Typer) -> None:
         step: Optional[int] = typer.Option(None, "--step", help="Detail window = this step (across ranks)."),
         max_segments: int = typer.Option(100_000, "--max-segments", help="Ops drawn exactly in the detail; the rest are folded."),
         no_analysis: bool = typer.Option(False, "--no-analysis", help="Skip the analysis summary at the top."),
+        all_counters: bool = typer.Option(False, "--all-counters", help="Show every counter, not only power / SM / tensor / PCIe."),
         force: bool = typer.Option(False, "--force", help="Overwrite the output file."),
     ) -> None:
         """Write an HTML timeline: analysis summary, whole-capture overview per rank (category heat map,
@@ -57,7 +65,7 @@ def register(app: typer.Typer) -> None:
         df, meta = read_trace(trace)
         analysis = None if no_analysis else _analysis(df, meta)
         res = render_timeline(df, meta, analysis, out, window=window, step=step, force=force,
-                              max_segments=max_segments, title=trace.name)
+                              max_segments=max_segments, title=trace.name, all_counters=all_counters)
         folded = f", {res['ops_folded']:,} folded" if res["ops_folded"] else ""
         print(f"wrote {out} ({res['bytes'] / 1e6:.1f} MB): {res['lanes']} lanes, {res['ops_drawn']:,} ops drawn{folded}; "
               f"detail = {res['window_reason']}", file=sys.stderr)

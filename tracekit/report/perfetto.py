@@ -14,7 +14,8 @@ Layout (ui.perfetto.dev, chrome://tracing):
 * slices carry their category in ``cat`` (kernel category, ``step``, ``range`` …);
 * counters as ``ph: C`` tracks (``name`` = counter, one arg named by its unit);
 * collectives as **flows across ranks**: the kernels of one instance (same
-  ``pg_name`` + ``coll_seq``) are chained in arrival order (``ph: s`` → ``ph: f``).
+  ``pg_name`` + ``coll_seq``, or the analysis' ``collective_instances``) are chained in
+  arrival order (``ph: s`` → ``ph: f``).
 
 Timestamps are µs (3 decimals = ns) since the capture start; the absolute start is
 ``otherData.tracekit_base_ns``. Nested tracks are made to nest perfectly (Perfetto
@@ -36,6 +37,7 @@ import polars as pl
 from tracekit import __version__
 from tracekit._errors import OutputError
 from tracekit.report.timeline_data import analysis_events, capture_bounds, counter_group, gpu_ops
+from tracekit.report.timeline_detail import collective_instances
 from tracekit.schema import atomic_path
 
 __all__ = ["export_perfetto", "nest_fix", "TID_STEPS", "TID_RANGES", "TID_STALLS", "TID_PCIE", "TID_STREAM0"]
@@ -85,7 +87,8 @@ def nest_fix(f: pl.DataFrame, track: str = "tid") -> pl.DataFrame:
             break
         if prev is not None:
             par = prev.select("_trk", pl.col("start").alias("_ps"), pl.col("end").alias("_pe")).sort(["_trk", "_ps"])
-            lvl = lvl.join_asof(par, left_on="start", right_on="_ps", by="_trk", strategy="backward")
+            lvl = lvl.join_asof(par, left_on="start", right_on="_ps", by="_trk", strategy="backward",
+                                check_sortedness=False)
             bad = pl.col("_pe").is_null() | (pl.col("start") >= pl.col("_pe")) & (pl.col("end") > pl.col("start"))
             orphans.append(lvl.filter(bad).drop(["_ps", "_pe"]))
             lvl = lvl.filter(~bad).with_columns(pl.min_horizontal("end", "_pe").alias("end")).drop(["_ps", "_pe"])
@@ -140,15 +143,17 @@ def _meta(pid: int, tid: int | None, kind: str, value: Any) -> str:
     return json.dumps(ev)
 
 
-def _collective_flows(ops: pl.DataFrame, base: int, stream_tid: pl.DataFrame) -> pl.DataFrame:
-    """Flow pairs (s → f) chaining each collective instance's kernels in arrival order."""
-    c = ops.filter(pl.col("pg_name").is_not_null() & pl.col("coll_seq").is_not_null())
-    if c.height == 0:
+def _collective_flows(ops: pl.DataFrame, stream_tid: pl.DataFrame, analysis: Mapping[str, Any]) -> pl.DataFrame:
+    """Flow pairs (s → f) chaining each collective instance's kernels in arrival order; instances from
+    ``analysis['collective_instances']`` when given, else the frame's ``pg_name`` + ``coll_seq``."""
+    inst = collective_instances(ops, analysis)
+    if inst.height == 0:
         return pl.DataFrame()
-    c = c.join(stream_tid, on=["rank", "device", "stream"], how="inner").select(
-        (pl.col("rank") + 1).cast(pl.Int64).alias("pid"), "tid", pl.col("pg_name").cast(pl.String).alias("pg"),
-        pl.col("coll_seq").alias("seq"), (pl.col("ts_ns") + pl.col("dur_ns") // 2).alias("mid"),
-        pl.col("ts_ns"), pl.col("coll_name").cast(pl.String))
+    c = ops.with_columns(pl.col("rank").cast(pl.Int64)).join(
+        inst.select("rank", "ts_ns", "pg", "seq").unique(["rank", "ts_ns"]), on=["rank", "ts_ns"], how="inner")
+    c = c.join(stream_tid.with_columns(pl.col("rank").cast(pl.Int64)), on=["rank", "device", "stream"], how="inner").select(
+        (pl.col("rank") + 1).cast(pl.Int64).alias("pid"), "tid", "pg", "seq",
+        (pl.col("ts_ns") + pl.col("dur_ns") // 2).alias("mid"), pl.col("ts_ns"))
     c = c.sort(["pg", "seq", "ts_ns"]).with_columns(
         pl.col("pid").shift(-1).over(["pg", "seq"]).alias("pid2"), pl.col("tid").shift(-1).over(["pg", "seq"]).alias("tid2"),
         pl.col("mid").shift(-1).over(["pg", "seq"]).alias("mid2"))
@@ -183,7 +188,7 @@ def export_perfetto(
     stats = {"events": 0, "slices": 0, "flows": 0, "counters": 0, "instants": 0, "clipped": 0}
     stalls = analysis_events(analysis.get("stalls"))
     pcie = analysis_events(analysis.get("pcie_phases"))
-    flows = _collective_flows(ops, base, streams)
+    flows = _collective_flows(ops, streams, analysis)
 
     opener = gzip.open if name.endswith(".gz") else open
     with atomic_path(out, force=force) as tmp:

@@ -116,7 +116,8 @@ def capture_bounds(df: pl.DataFrame, meta: Mapping[str, Any] | None) -> tuple[in
     if df.height:
         r = df.select(pl.col("ts_ns").min().alias("lo"), (pl.col("ts_ns") + pl.col("dur_ns")).max().alias("hi")).row(0)
         lo, hi = r
-    win = ((meta or {}).get("capture") or {}).get("window_ns")
+    m = meta or {}
+    win = (m.get("capture") or {}).get("window_ns") or m.get("window_ns")
     if isinstance(win, (list, tuple)) and len(win) == 2 and all(isinstance(v, (int, float)) for v in win):
         lo = int(win[0]) if lo is None else min(int(win[0]), lo)
         hi = int(win[1]) if hi is None else max(int(win[1]), hi)
@@ -160,7 +161,7 @@ def colors_for(cats: Sequence[str]) -> list[str]:
 _START_KEYS = ("ts_ns", "start_ns", "t0_ns", "begin_ns", "arrival_ns")
 _END_KEYS = ("end_ns", "t1_ns")
 _DUR_KEYS = ("dur_ns", "wait_ns", "duration_ns", "lost_ns")
-_LABEL_KEYS = ("cause", "kind", "reason", "type", "name", "coll_name", "collective")
+_LABEL_KEYS = ("cause", "kind", "reason", "type", "name", "coll_name", "collective", "direction")
 
 
 def analysis_events(items: Any) -> list[dict[str, Any]]:
@@ -194,9 +195,13 @@ def analysis_events(items: Any) -> list[dict[str, Any]]:
         rank = int(rank) if isinstance(rank, (int, float)) else None
         label = next((str(it[k]) for k in _LABEL_KEYS if it.get(k) not in (None, "")), "")
         bits = []
-        for k in ("late_rank", "collective", "coll_name", "pg", "seq", "step", "detail", "direction", "gb_per_s",
-                  "bytes_per_s", "message"):
+        for k in ("late_rank", "collective", "coll_name", "pg", "seq", "step", "detail", "direction", "pct_of_link",
+                  "achieved_bytes_per_s", "source", "during", "message"):
             v = it.get(k)
+            if isinstance(v, float):
+                v = f"{v:.3g}"
+            elif isinstance(v, (list, tuple)):
+                v = "; ".join(str(x) for x in v[:3]) + (" …" if len(v) > 3 else "")
             if v not in (None, "") and str(v) != label:
                 bits.append(f"{k}={v}")
         out.append({"rank": rank, "start_ns": int(s), "end_ns": int(max(e, s)), "dur_ns": int(max(e - s, 0)),
@@ -325,8 +330,18 @@ def overview_payload(ops: pl.DataFrame, cats: Sequence[str], ranks: Sequence[int
 
 
 # ---------------------------------------------------------------- counters
+_KEY_COUNTER = re.compile(r"^(.*power_w|sm_active_pct|tensor_active_pct|pcie_(rx|tx)_(bytes_per_s|pct))$")
+
+
+def key_counter_expr() -> pl.Expr:
+    """Counters shown by default: power, SM / tensor activity, PCIe throughput (others with ``all_counters``)."""
+    return pl.col("name").cast(pl.String).str.contains(_KEY_COUNTER.pattern)
+
+
 def counter_group(name: str) -> tuple[str, str, float]:
     """(group title, unit, scale) for a counter name by its unit suffix."""
+    if name.startswith("pcie") and name.endswith("_pct"):
+        return "PCIe % of link", "%", 1.0
     if name.endswith("bytes_per_s"):
         return ("PCIe / link GB/s" if "pcie" in name or "nvlink" in name else "bandwidth GB/s"), "GB/s", 1e-9
     if name.endswith("_w"):
@@ -340,7 +355,7 @@ def counter_group(name: str) -> tuple[str, str, float]:
     return "other counters", "", 1.0
 
 
-_GROUP_ORDER = ("power W", "activity %", "PCIe / link GB/s", "bandwidth GB/s", "clock MHz", "temperature °C",
+_GROUP_ORDER = ("power W", "activity %", "PCIe / link GB/s", "PCIe % of link", "bandwidth GB/s", "clock MHz", "temperature °C",
                 "other counters")
 
 
@@ -375,7 +390,7 @@ def counter_overview(df: pl.DataFrame, base_ns: int, end_ns: int, nbins: int) ->
         z = np.vstack(g.pop("z"))
         finite = z[np.isfinite(z)]
         lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
-        if title == "activity %":
+        if title in ("activity %", "PCIe % of link"):
             lo, hi = 0.0, max(100.0, hi)
         elif lo >= 0:
             lo = 0.0

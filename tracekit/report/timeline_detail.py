@@ -15,7 +15,7 @@ import polars as pl
 
 from tracekit.report.timeline_data import Window, b64, esc, esc_expr
 
-__all__ = ["detail_payload", "MAX_SEGMENTS", "MAX_RANGE_DEPTH"]
+__all__ = ["detail_payload", "collective_instances", "MAX_SEGMENTS", "MAX_RANGE_DEPTH"]
 
 MAX_SEGMENTS = 100_000
 MAX_RANGE_DEPTH = 4
@@ -50,7 +50,7 @@ def _range_depth(r: pl.DataFrame) -> pl.DataFrame:
     return pl.concat(out).drop(["_end", "_pos"]) if out else r.with_columns(pl.lit(0, pl.Int32).alias("depth"))
 
 
-def _instances(ops_all: pl.DataFrame, analysis: Mapping[str, Any] | None) -> pl.DataFrame:
+def collective_instances(ops_all: pl.DataFrame, analysis: Mapping[str, Any] | None) -> pl.DataFrame:
     """Per collective kernel: rank, ts_ns, pg, seq, wait_ns, late_rank, n_ranks.
 
     From ``analysis['collective_instances']`` (list of dicts or frame with rank,
@@ -198,7 +198,7 @@ def detail_payload(
             {"kernel": 0, "memcpy": 1, "memset": 2}, default=0, return_dtype=pl.UInt8).to_numpy(), "u1"),
     }
     # ---- collectives: wait overlay, instance links
-    inst = _instances(ops_all, analysis)
+    inst = collective_instances(ops_all, analysis)
     coll: dict[str, Any] | None = None
     if inst.height and ops.height:
         k = ops.with_row_index("_i").select("_i", pl.col("rank").cast(pl.Int64), "ts_ns", "lane", "dur_ns").join(

@@ -42,6 +42,7 @@ from tracekit.report.timeline_data import (
     counter_payload,
     esc,
     gpu_ops,
+    key_counter_expr,
     overview_payload,
 )
 from tracekit.report.timeline_detail import MAX_SEGMENTS, detail_payload
@@ -84,9 +85,14 @@ def build_payload(
     step: int | None = None,
     max_segments: int = MAX_SEGMENTS,
     overview_bins: int = 3000,
+    all_counters: bool = False,
 ) -> dict[str, Any]:
-    """Everything the page draws, as a JSON-able dict (pure; no IO)."""
+    """Everything the page draws, as a JSON-able dict (pure; no IO).
+
+    Counter rows show power, SM / tensor activity and PCIe throughput unless ``all_counters``.
+    """
     df = _prep(df)
+    cdf = df if all_counters else df.filter((pl.col("kind") != "counter") | key_counter_expr())
     analysis = analysis or {}
     base, end = capture_bounds(df, meta)
     ops = gpu_ops(df)
@@ -105,8 +111,8 @@ def build_payload(
         "colors": colors_for(cats),
         "ranks": ranks,
         "overview": overview,
-        "counters": counter_overview(df, base, end, overview["nbins"]),
-        "counters_window": counter_payload(df, base, w.start_ns, w.end_ns),
+        "counters": counter_overview(cdf, base, end, overview["nbins"]),
+        "counters_window": counter_payload(cdf, base, w.start_ns, w.end_ns),
         "detail": detail_payload(df, ops, cats, base, w, analysis=analysis, stalls=stalls, pcie=pcie,
                                  max_segments=max_segments),
         "stalls_all": [{"rank": s["rank"], "t_ms": (s["start_ns"] - base) / 1e6, "d_ms": s["dur_ns"] / 1e6,
@@ -169,7 +175,7 @@ def _findings_html(analysis: Mapping[str, Any]) -> str:
     if not isinstance(f, list) or not f:
         return ""
     items = []
-    for x in f[:20]:
+    for x in f[:10]:
         text = x.get("message", x.get("text", json.dumps(x, default=str))) if isinstance(x, Mapping) else x
         items.append(f"<li>{esc(text)}</li>")
     return f"<h2>Top findings</h2><ol>{''.join(items)}</ol>"
@@ -188,7 +194,7 @@ def _top_kernels_html(analysis: Mapping[str, Any]) -> str:
     body = "".join(
         f"<tr><td class=l>{esc(it.get('name', ''))}</td><td class=l>{esc(cat)}</td><td>{esc(it.get('count', ''))}</td>"
         f"<td>{_fmt_ms(tot)}</td><td>{(it.get('mean_ns') or 0) / 1e3:,.1f}</td></tr>"
-        for tot, cat, it in rows[:15])
+        for tot, cat, it in rows[:10])
     return ("<h2>Top kernels</h2><table><tr><th class=l>kernel</th><th class=l>category</th><th>count</th>"
             f"<th>total ms</th><th>mean µs</th></tr>{body}</table>")
 
@@ -197,7 +203,7 @@ def _stalls_html(stalls: list[dict[str, Any]], base: int) -> str:
     if not stalls:
         return ""
     rows = []
-    for s in stalls[:25]:
+    for s in stalls[:10]:
         t0, t1 = (s["start_ns"] - base) / 1e6, (s["end_ns"] - base) / 1e6
         pad = max(s["dur_ns"], 1_000_000)
         wtxt = f"{max(s['start_ns'] - pad - base, 0) / 1e9:.6f}s:{(s['end_ns'] + pad - base) / 1e9:.6f}s"
@@ -302,6 +308,7 @@ def render_timeline(
     force: bool = False,
     max_segments: int = MAX_SEGMENTS,
     title: str | None = None,
+    all_counters: bool = False,
 ) -> dict[str, Any]:
     """Write the timeline HTML atomically; returns a small summary (path, bytes, window, ops drawn/folded).
 
@@ -312,7 +319,8 @@ def render_timeline(
     out = Path(out)
     if out.suffix.lower() not in (".html", ".htm"):
         raise OutputError(f"{out}: the timeline is HTML; name the output *.html")
-    payload = build_payload(df, meta, analysis, window=window, step=step, max_segments=max_segments)
+    payload = build_payload(df, meta, analysis, window=window, step=step, max_segments=max_segments,
+                            all_counters=all_counters)
     html = build_html(payload, meta, analysis, title=title or out.stem)
     with atomic_path(out, force=force) as tmp:
         tmp.write_text(html, encoding="utf-8")

@@ -88,7 +88,7 @@ STATUS.lanes = D.lanes.map(function (l) { return l.label; });
 var blocks = [];
 var ovRows = OV.rows.length;
 if (ovRows) blocks.push({kind: 'ov', h: Math.max(90, ovRows * 7)});
-(P.counters || []).forEach(function (g) { blocks.push({kind: 'ovc', h: Math.max(40, g.rows.length * 7), g: g}); });
+(P.counters || []).forEach(function (g) { blocks.push({kind: 'ovc', h: Math.max(24, g.rows.length * 10), g: g}); });
 blocks.push({kind: 'det', h: Math.max(120, nLanes * LANE_PX)});
 var detGroups = groupCounters(P.counters_window);
 detGroups.forEach(function (g) { blocks.push({kind: 'detc', h: 85, g: g}); });
@@ -192,11 +192,17 @@ function buildOverview(ax) {
 
 // whole-capture counters: one heat strip per (rank, counter), colour = mean value in the bin
 function buildCounterStrip(g, h) {
-  var nr = g.rows.length, ticks = [], ttext = [], prev = null;
-  g.rows.forEach(function (r, i) { if (r[0] !== prev) { ticks.push(i); ttext.push('rank ' + r[0]); prev = r[0]; } });
+  var nr = g.rows.length, ticks = [], ttext = [];
+  g.rows.forEach(function (r, i) {
+    ticks.push(i);
+    ttext.push('r' + r[0] + ' ' + r[1].replace(/_bytes_per_s$|_pct$|_w$|_mhz$/, ''));
+  });
   var ax = addAxes(h, ovAx ? 'x' : null, {autorange: false, range: [nr - 0.5, -0.5], fixedrange: true, tickvals: ticks,
-                                          ticktext: ttext, showgrid: false,
-                                          title: {text: g.group, font: {size: 10}}}, {showticklabels: false});
+                                          ticktext: ttext, showgrid: false, tickfont: {size: 8}}, {showticklabels: false});
+  var dom = layout['yaxis' + ax.xs].domain;
+  layout.annotations.push({xref: 'paper', yref: 'paper', x: 0, y: dom[1], xanchor: 'left', yanchor: 'bottom',
+                           showarrow: false, font: {size: 10, color: '#444'},
+                           text: g.group + ' · colour scale ' + g.zmin.toPrecision(3) + '–' + g.zmax.toPrecision(3) + ' ' + g.unit});
   var nb = g.nbins, v = dec(g.z), x = new Array(nb), z = [], y = [], text = [];
   for (var j = 0; j < nb; j++) x[j] = (j + 0.5) * OV.bin_ms;
   for (var i = 0; i < nr; i++) {
@@ -207,7 +213,6 @@ function buildCounterStrip(g, h) {
   traces.push({type: 'heatmap', x: x, y: y, z: z, zmin: g.zmin, zmax: g.zmax, colorscale: 'Viridis', showscale: false,
                text: text, xaxis: ax.x, yaxis: ax.y, hoverongaps: false, showlegend: false, name: g.group,
                hovertemplate: '%{text}<br>%{z:.2f} ' + g.unit + ' at %{x:.1f} ms<extra></extra>'});
-  layout['yaxis' + ax.xs].title.text = g.group + ' (' + g.zmin.toPrecision(3) + '–' + g.zmax.toPrecision(3) + ')';
 }
 
 // detail-window counters: SVG lines (few points; keeps the WebGL canvas for the kernels)
@@ -388,6 +393,14 @@ function buildDetail(ax) {
 var gd = document.getElementById('tk-plot');
 STATUS.traces = traces.length;
 window.tkTimeline = {gd: gd, payload: P, status: STATUS, detailAxis: detAx, overviewAxis: ovAx};
+// detail-lane positions {x (ms), y (lane)} of the ops whose (escaped) name is `name` (tests, console use)
+window.tkTimeline.opsNamed = function (name) {
+  var K = D.kernels, code = D.names.indexOf(name), out = [];
+  if (code < 0) return out;
+  var kn = dec(K.name), ks = dec(K.start), kd = dec(K.dur), kl = dec(K.lane);
+  for (var i = 0; i < K.n; i++) if (kn[i] === code) out.push({x: D.x0_ms + (ks[i] + kd[i] / 2) / 1000, y: kl[i]});
+  return out;
+};
 
 function flushGL() {
   // wait for the WebGL raster to finish (readPixels blocks until the GPU / SwiftShader is done)
