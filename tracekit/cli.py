@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 
 import typer
@@ -37,10 +38,33 @@ for _name in _COMMANDS:
     _mod.register(app)
 
 
+class _Terminated(BaseException):
+    """Raised from the SIGTERM handler so ``finally``/atomic-write cleanup runs before exit."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise _Terminated()
+
+
 def main() -> None:
     """Console entry point."""
     try:
+        prev = signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread (embedded use): keep the default
+        prev = None
+    try:
+        _run()
+    finally:
+        if prev is not None:
+            signal.signal(signal.SIGTERM, prev)
+
+
+def _run() -> None:
+    try:
         app(standalone_mode=True)
+    except _Terminated:
+        print("tracekit: terminated", file=sys.stderr)
+        sys.exit(143)
     except TracekitError as e:
         print(f"tracekit: error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)

@@ -267,22 +267,34 @@ class TraceWriter:
         tbl = df if isinstance(df, pa.Table) else _to_arrow(df)
         if tbl.schema != ARROW_SCHEMA:
             tbl = _to_arrow(pl.from_arrow(tbl))  # type: ignore[arg-type]
-        if self._writer is None:
-            self._writer = pq.ParquetWriter(
-                self._tmp, ARROW_SCHEMA, compression="zstd", use_dictionary=True, write_statistics=True
-            )
-        self._writer.write_table(tbl, row_group_size=self._row_group_size)
+        try:
+            if self._writer is None:
+                self._writer = pq.ParquetWriter(
+                    self._tmp, ARROW_SCHEMA, compression="zstd", use_dictionary=True, write_statistics=True
+                )
+            self._writer.write_table(tbl, row_group_size=self._row_group_size)
+        except OSError as e:
+            self._io_failed(e)
         self.rows += tbl.num_rows
+
+    def _io_failed(self, e: OSError) -> None:
+        """Disk full, quota, I/O error: drop the temp file, keep any old output, one-line OutputError."""
+        self.abort()
+        why = e.strerror or str(e)
+        raise OutputError(f"{self._atomic.final}: cannot write ({why}); free disk space or choose another -o") from None
 
     def close(self, metadata: Mapping[str, Any] | None = None) -> None:
         meta = _base_metadata()
         meta.update(metadata or {})
         meta["schema_version"] = SCHEMA_VERSION
-        if self._writer is None:
-            self._writer = pq.ParquetWriter(self._tmp, ARROW_SCHEMA, compression="zstd")
-        self._writer.add_key_value_metadata({META_KEY.decode(): json.dumps(meta, default=str)})
-        self._writer.close()
-        self._atomic.__exit__(None, None, None)
+        try:
+            if self._writer is None:
+                self._writer = pq.ParquetWriter(self._tmp, ARROW_SCHEMA, compression="zstd")
+            self._writer.add_key_value_metadata({META_KEY.decode(): json.dumps(meta, default=str)})
+            self._writer.close()
+            self._atomic.__exit__(None, None, None)
+        except OSError as e:
+            self._io_failed(e)
 
     def abort(self) -> None:
         if self._writer is not None:
