@@ -156,10 +156,14 @@ def test_exact_and_fast_paths_agree_on_mixed_doc(tmp_path: Path) -> None:
         evs.append(runtime("cudaLaunchKernel", 10 * i, 2, corr=i + 1, ext=i))
         evs.append(kernel(f"k{i % 7}", 10 * i + 3, RawNum(f"{i % 5}.25"), corr=i + 1, stream=7 + i % 3))
         evs.append(cpu_op("aten::add", 10 * i - 1, 4, **{"External id": i}))
-    evs.append({"ph": "i", "cat": "cpu_instant_event", "name": "x", "pid": 1, "tid": 1, "ts": 5, "s": "t"})
-    evs.append({"ph": "i", "name": "marker", "pid": 1, "tid": 1, "ts": 6, "s": "t"})
+    evs.insert(10, {"ph": "i", "cat": "cpu_instant_event", "name": "x", "pid": 1, "tid": 1, "ts": 5, "s": "t"})
+    evs.insert(20, {"ph": "i", "name": "marker", "pid": 1, "tid": 1, "ts": 6, "s": "t"})  # kept, in file order
+    evs.insert(30, {"ph": "X", "cat": "weird", "name": "w", "pid": 1, "tid": 1, "ts": 7, "dur": 1})
+    evs.insert(40, runtime("cudaLaunchKernel", 5, 1, corr=1000))
+    evs[41]["args"]["Input Dims"] = [[2048, 2048], []]  # shapes recorded without a record_shapes key
     p = write_doc(tmp_path / "m.json", doc(evs, rank=0, base_ns=10**18))
     a, _ = read_kineto(p, exact=False)
     b, _ = read_kineto(p, exact=True)
-    assert a.height == 901
+    assert a.height == 902
     assert_frame_equal(a, b, categorical_as_str=True)
+    assert a.filter(pl.col("kind") == "instant")["name"].to_list() == ["marker"]

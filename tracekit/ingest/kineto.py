@@ -290,9 +290,13 @@ class _Cols:
         keep = [e for e in evs if e.ph == "X" and e.cat in kinds]
         if len(keep) != len(evs):
             unknown: dict[str, int] = {}
+            keep = []  # file order, as the columnar path keeps it
             for e in evs:
-                if e.ph == "X" and e.cat not in kinds and e.cat not in _SKIP:
-                    unknown[str(e.cat)] = unknown.get(str(e.cat), 0) + 1
+                if e.ph == "X":
+                    if e.cat in kinds:
+                        keep.append(e)
+                    elif e.cat not in _SKIP:
+                        unknown[str(e.cat)] = unknown.get(str(e.cat), 0) + 1
                 elif e.ph in ("i", "I") and e.cat not in _SKIP and e.ts is not None:
                     keep.append(e)
             for k, v in unknown.items():
@@ -419,7 +423,7 @@ def read_kineto(path: str | Path, rank: int | None = None, *, exact: bool | None
     unknown: dict[str, int] = {}
     frames: list[pl.DataFrame] = []
     for chunk in _chunks(memoryview(raw_events)):
-        st = None if exact or _EPOCH_FRAC.search(chunk) else _fast_stage(chunk, unknown)
+        st = None if exact or _EPOCH_FRAC.search(chunk) or _SHAPES.search(chunk) else _fast_stage(chunk, unknown)
         if st is None:
             st = _exact_stage(chunk, p, unknown)
         if st.height:
@@ -440,6 +444,7 @@ def read_kineto(path: str | Path, rank: int | None = None, *, exact: bool | None
 # ---- stage frames: one row per kept event, strings for times, typed args ----------------------
 
 _EPOCH_FRAC = re.compile(rb'"ts"\s*:\s*-?\d{13,}\.\d')
+_SHAPES = re.compile(rb'"Input (Dims|type)"')  # shapes recorded (older traces lack the record_shapes key)
 _ND_SCHEMA = {
     "ph": pl.String, "cat": pl.String, "name": pl.String, "pid": pl.String, "tid": pl.String,
     "ts": pl.String, "dur": pl.String,

@@ -1,0 +1,173 @@
+"""convert end to end: every real Kineto trace converts or fails with one clear line; atomic output; --rules; CLI."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+from typer.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "golden"))
+from kineto_doc import doc, kernel, runtime, write_doc  # noqa: E402
+
+from tracekit._errors import InputError, OutputError  # noqa: E402
+from tracekit.cli import app  # noqa: E402
+from tracekit.ingest.convert import convert  # noqa: E402
+from tracekit.ingest.kineto import read_kineto  # noqa: E402
+from tracekit.schema import ARROW_SCHEMA, read_metadata, read_trace  # noqa: E402
+
+TRACES = Path("/work/shared/traces")
+HTA, LENS = TRACES / "hta", TRACES / "tracelens"
+ALL = sorted(p for d in (HTA, LENS) if d.exists() for p in d.rglob("*") if p.is_file() and (p.name.endswith((".json", ".json.gz", ".raw.gz"))))
+#: inputs that are not Kineto traces, and the reason the one-line error must give
+NOT_KINETO = {
+    "execution_trace/benchmark_simple_add_et.json.gz": "traceEvents",  # PyTorch execution trace (Chakra ET)
+    "memory_analysis/memory_timeline.raw.gz": "unsupported input",  # export_memory_timeline_raw rows
+    "inference/sglang_decode/capture_traces/execution_details.json": "traceEvents",  # a JSON list of capture settings
+}
+needs_traces = pytest.mark.skipif(not HTA.exists(), reason="shared traces not available")
+
+
+def _rel(p: Path) -> str:
+    for base in (HTA, LENS):
+        if p.is_relative_to(base):
+            return str(p.relative_to(base))
+    return p.name
+
+
+@needs_traces
+@pytest.mark.parametrize("path", ALL, ids=_rel)
+def test_every_real_trace_converts_or_fails_clearly(path: Path, tmp_path: Path) -> None:
+    out = tmp_path / "trace.parquet"
+    why = NOT_KINETO.get(_rel(path))
+    if why is not None:
+        with pytest.raises(InputError) as ei:
+            convert([path], out)
+        msg = str(ei.value)
+        assert why in msg and str(path) in msg and "\n" not in msg
+        assert not out.exists()
+        return
+    res = convert([path], out)
+    df, meta = read_trace(out)
+    assert df.height == res.rows > 0 and len(res.ranks) == 1
+    assert meta["source_files"] == [str(path)]
+    assert df["ts_ns"].is_sorted() and (df["dur_ns"] >= 0).all()
+    gpu = df.filter(pl.col("kind").cast(pl.String).is_in(["kernel", "memcpy", "memset"]))
+    assert gpu["category"].null_count() == 0  # every GPU op gets exactly one category
+    if gpu.height == 0:
+        assert "no_gpu_events" in {q["code"] for q in meta["quality"]}
+
+
+@needs_traces
+@pytest.mark.parametrize("path", [p for p in ALL if _rel(p) not in NOT_KINETO], ids=_rel)
+def test_exact_and_fast_decoders_agree(path: Path) -> None:
+    a, ma = read_kineto(path, exact=False)
+    b, mb = read_kineto(path, exact=True)
+    assert_frame_equal(a, b, categorical_as_str=True)
+    assert ma["rank"] == mb["rank"]
+
+
+@needs_traces
+def test_trace_filter_two_ranks_one_file(tmp_path: Path) -> None:
+    out = tmp_path / "tf.parquet"
+    res = convert([HTA / "trace_filter"], out)
+    assert res.ranks == [0, 1]
+    df, meta = read_trace(out)
+    assert sorted(df["rank"].unique().to_list()) == [0, 1]
+    assert [r["rank"] for r in meta["ranks"]] == [0, 1] and meta["world_size"] == 128
+    assert "missing_ranks" in {q["code"] for q in meta["quality"]}
+    per = df.filter(pl.col("kind") == "kernel").group_by("rank").len().sort("rank")["len"].to_list()
+    assert per == [1154, 1104]  # kernel counts from the traces' inventory
+    # rows sorted by (rank, ts) and stored rank by rank
+    assert df.select("rank", "ts_ns").equals(df.select("rank", "ts_ns").sort("rank", "ts_ns"))
+
+
+@needs_traces
+def test_nccl_metadata_attached_on_real_trace(tmp_path: Path) -> None:
+    out = tmp_path / "n.parquet"
+    convert([HTA / "nccl_parser_config" / "nccl_data.json.gz"], out)
+    df, _ = read_trace(out)
+    comm = df.filter((pl.col("kind") == "kernel") & (pl.col("category") == "communication"))
+    by = dict(comm.group_by(pl.col("coll_name").cast(pl.String)).len().iter_rows())
+    assert by == {"allreduce": 15, "broadcast": 6}  # inventory: 15 AllReduce, 6 Broadcast kernels
+    assert comm["pg_name"].null_count() == 0 and comm["coll_in_nelems"].null_count() == 0
+    # numbered within the process group (all collective kinds), in time order
+    assert comm.sort("ts_ns")["coll_seq"].to_list() == list(range(21))
+
+
+def _two_files(d: Path) -> None:
+    d.mkdir()
+    for r in (0, 1):
+        write_doc(d / f"rank{r}.json", doc([runtime("cudaLaunchKernel", 1, 1, corr=1), kernel("weird", 2, 3, corr=1)],
+                                           rank=r, base_ns=10**18))
+
+
+def test_refuses_overwrite_and_keeps_old_file(tmp_path: Path) -> None:
+    _two_files(tmp_path / "in")
+    out = tmp_path / "t.parquet"
+    convert([tmp_path / "in"], out)
+    before = out.read_bytes()
+    with pytest.raises(OutputError, match="--force"):
+        convert([tmp_path / "in"], out)
+    assert out.read_bytes() == before
+    convert([tmp_path / "in"], out, force=True)
+    assert read_trace(out)[0].height == 4
+
+
+def test_no_partial_output_on_bad_input(tmp_path: Path) -> None:
+    _two_files(tmp_path / "in")
+    (tmp_path / "in" / "rank2.json").write_text('{"traceEvents": [{"ph": "X", ')  # truncated
+    out = tmp_path / "t.parquet"
+    with pytest.raises(InputError, match="rank2.json"):
+        convert([tmp_path / "in"], out)
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]  # no temp files or part directories left
+
+
+def test_output_never_overwrites_an_input(tmp_path: Path) -> None:
+    p = write_doc(tmp_path / "rank0.json", doc([kernel("k", 1, 1, corr=1)], rank=0))
+    with pytest.raises(InputError, match="overwrite an input"):
+        convert([p], p, force=True)
+
+
+def test_rules_option(tmp_path: Path) -> None:
+    _two_files(tmp_path / "in")
+    rules = tmp_path / "rules.json"
+    rules.write_text(json.dumps({"rules": [{"id": "mine.weird", "category": "attention", "regex": "^weird$"}]}))
+    out = tmp_path / "t.parquet"
+    res = CliRunner().invoke(app, ["convert", str(tmp_path / "in"), "-o", str(out), "--rules", str(rules), "-q"])
+    assert res.exit_code == 0, res.output
+    df, meta = read_trace(out)
+    k = df.filter(pl.col("kind") == "kernel")
+    assert k["category"].cast(pl.String).unique().to_list() == ["attention"]
+    assert k["family"].cast(pl.String).unique().to_list() == ["mine.weird"]
+    assert meta["rules"] == str(rules)
+
+
+def test_cli_errors_are_one_line_with_exit_codes(tmp_path: Path) -> None:
+    _two_files(tmp_path / "in")
+    out = tmp_path / "t.parquet"
+    r = CliRunner().invoke(app, ["convert", str(tmp_path / "in"), "-o", str(out), "-q"])
+    assert r.exit_code == 0 and out.exists()
+    r = CliRunner().invoke(app, ["convert", str(tmp_path / "in"), "-o", str(out), "-q"])
+    assert r.exit_code == OutputError.exit_code and "--force" in r.output and "Traceback" not in r.output
+    r = CliRunner().invoke(app, ["convert", str(tmp_path / "missing"), "-o", str(tmp_path / "x.parquet")])
+    assert r.exit_code == InputError.exit_code and "no such file" in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_footer_metadata(tmp_path: Path) -> None:
+    _two_files(tmp_path / "in")
+    out = tmp_path / "t.parquet"
+    convert([tmp_path / "in"], out, metadata={"capture": {"target": "unit"}})
+    meta = read_metadata(out)
+    assert meta["schema_version"] == 1 and meta["world_size"] == 2
+    assert meta["capture"] == {"target": "unit"}
+    assert meta["window_ns"] == [10**18 + 1000, 10**18 + 5000]
+    assert [Path(f).name for f in meta["source_files"]] == ["rank0.json", "rank1.json"]
+    import pyarrow.parquet as pq
+
+    assert pq.read_schema(out).remove_metadata() == ARROW_SCHEMA
