@@ -246,7 +246,8 @@ def _scale(s: RunSummary, basis: str) -> float:
     return 1.0 / s.steps_per_rank if basis == "per_step" and s.steps_per_rank else 1.0
 
 
-def _match_kernels(b: RunSummary, a: RunSummary, sb: float, sa: float, top: int) -> pl.DataFrame:
+def _match_kernels(b: RunSummary, a: RunSummary, sb: float, sa: float, top: int, min_rel: float) -> pl.DataFrame:
+    """Top changes (|delta| first); rows changing by less than ``min_rel`` of their before time are left out."""
     kb = b.kernels.select("name", "category", pl.col("count").alias("count_before"), (pl.col("total_ns") * sb).alias("before_ns"))
     ka = a.kernels.select("name", "category", pl.col("count").alias("count_after"), (pl.col("total_ns") * sa).alias("after_ns"))
     # a name's category can differ between runs only through rules; match on name, keep the before category
@@ -275,6 +276,8 @@ def _match_kernels(b: RunSummary, a: RunSummary, sb: float, sa: float, top: int)
         (pl.col("after_ns") - pl.col("before_ns")).alias("delta_ns"),
         pl.when(pl.col("before_ns") > 0).then((pl.col("after_ns") - pl.col("before_ns")) / pl.col("before_ns")).alias("rel"),
     )
+    changed = (pl.col("before_ns") == 0) | (pl.col("delta_ns").abs() >= min_rel * pl.col("before_ns"))
+    out = out.filter((pl.col("delta_ns") != 0) & changed)
     return out.sort([pl.col("delta_ns").abs(), pl.col("name")], descending=[True, False]).head(top)
 
 
@@ -413,7 +416,7 @@ def diff_runs(
     sb, sa = _scale(b, basis), _scale(a, basis)
     res = DiffResult(
         before=b, after=a, basis=basis, scalars=_scalars(b, a), categories=_categories(b, a, sb, sa),
-        collectives=_collectives(b, a, sb, sa), kernels=_match_kernels(b, a, sb, sa, top), verdict=[], quality=list(q),
+        collectives=_collectives(b, a, sb, sa), kernels=_match_kernels(b, a, sb, sa, top, noise_frac / 2), verdict=[], quality=list(q),
     )
     res.verdict = _verdict(res, noise_frac)
     return res

@@ -71,7 +71,8 @@ def render_terminal(res: Any, console: Console | None = None) -> None:
         t = Table(title=f"kernels whose time changed most ({unit})", title_justify="left")
         for c in ("match", "kernel", "category", b, a, "Δ", "Δ%"):
             t.add_column(Text(c), justify="right" if c in (b, a, "Δ", "Δ%") else "left",
-                         overflow="ellipsis" if c == "kernel" else "fold", max_width=70 if c == "kernel" else None)
+                         overflow="ellipsis" if c == "kernel" else "fold", no_wrap=c == "kernel",
+                         max_width=70 if c == "kernel" else None)
         for r in res.kernels.to_dicts():
             t.add_row(r["match"], Text(_short(r["name"])), Text(str(r["category"])), _ms(r["before_ns"]), _ms(r["after_ns"]),
                       _ms(r["delta_ns"]), _rel(r["rel"]))
