@@ -56,35 +56,48 @@ def _read(src: Source, rank: int | None) -> tuple[pl.DataFrame, dict[str, Any]]:
     return read_nsys(src.path, rank=rank)
 
 
-def convert_source(src: Source, rules_path: str | None, part_dir: str) -> dict[str, Any]:
-    """Worker: read + finalize one source, write a part file. Returns small metadata only."""
+def convert_source(src: Source, rules_path: str | None, part_dir: str) -> list[dict[str, Any]]:
+    """Worker: read + finalize one source, write one part file per rank it holds.
+
+    Returns small metadata only (one dict per rank; an nsys report can hold
+    several GPU processes, i.e. several ranks).
+    """
     rules = load_rules(rules_path) if rules_path else load_rules(None)
     raw, meta = _read(src, None)
-    rank = meta.get("rank")
-    if rank is None:
-        rank = src.rank_hint
-    if rank is None:
-        rank = -1  # resolved by the parent (single-file inputs become rank 0)
-    raw = raw.with_columns(pl.lit(rank, dtype=pl.Int32).alias("rank"))
-    df = finalize_rank(raw, rules)
-    fd, part = tempfile.mkstemp(prefix="part.", suffix=".parquet", dir=part_dir)
-    os.close(fd)
-    df.write_parquet(part, compression="lz4", statistics=False)
-    gpu = df.filter(pl.col("kind").cast(pl.String).is_in(["kernel", "memcpy", "memset"]))
-    meta.update(
-        {
-            "rank": rank,
-            "part": part,
-            "rows": df.height,
-            "gpu_ops": gpu.height,
-            "first_ts_ns": int(df["ts_ns"].min()) if df.height else None,
-            "last_end_ns": int((df["ts_ns"] + df["dur_ns"]).max()) if df.height else None,
-            "devices": sorted({int(d) for d in gpu["device"].drop_nulls().unique().to_list()}),
-            "window": src.window,
-            "source_file": str(src.path),
-        }
-    )
-    return meta
+    pieces: list[tuple[pl.DataFrame, dict[str, Any]]] = [(raw, meta)]
+    if src.fmt == "nsys":
+        from tracekit.ingest.nsys import split_ranks
+
+        pieces = split_ranks(raw, meta)
+    out = []
+    for raw_r, meta_r in pieces:
+        meta_r = dict(meta_r)
+        rank = meta_r.get("rank")
+        if rank is None:
+            rank = src.rank_hint
+        if rank is None:
+            rank = -1  # resolved by the parent (single-file inputs become rank 0)
+        raw_r = raw_r.with_columns(pl.lit(rank, dtype=pl.Int32).alias("rank"))
+        df = finalize_rank(raw_r, rules)
+        fd, part = tempfile.mkstemp(prefix="part.", suffix=".parquet", dir=part_dir)
+        os.close(fd)
+        df.write_parquet(part, compression="lz4", statistics=False)
+        gpu = df.filter(pl.col("kind").cast(pl.String).is_in(["kernel", "memcpy", "memset"]))
+        meta_r.update(
+            {
+                "rank": rank,
+                "part": part,
+                "rows": df.height,
+                "gpu_ops": gpu.height,
+                "first_ts_ns": int(df["ts_ns"].min()) if df.height else None,
+                "last_end_ns": int((df["ts_ns"] + df["dur_ns"]).max()) if df.height else None,
+                "devices": sorted({int(d) for d in gpu["device"].drop_nulls().unique().to_list()}),
+                "window": src.window,
+                "source_file": str(src.path),
+            }
+        )
+        out.append(meta_r)
+    return out
 
 
 def _dedupe_steps(rank_df: pl.DataFrame, extra: pl.DataFrame) -> pl.DataFrame:
@@ -201,7 +214,7 @@ def convert(
                 futs = {ex.submit(convert_source, s, rules_path, part_dir): s for s in sources}
                 for f in as_completed(futs):
                     try:
-                        metas.append(f.result())
+                        metas.extend(f.result())
                     except TracekitError:
                         raise
                     except Exception as e:  # noqa: BLE001
@@ -209,7 +222,7 @@ def convert(
                     prog.step(str(futs[f].path.name))
         else:
             for s in sources:
-                metas.append(convert_source(s, rules_path, part_dir))
+                metas.extend(convert_source(s, rules_path, part_dir))
                 prog.step(s.path.name)
         prog.close()
         _check_empty(metas, quality)
