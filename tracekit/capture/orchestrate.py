@@ -166,6 +166,8 @@ def _monitor(
     started: float | None = None
     t_spawn = time.monotonic()
     dead_at: float | None = None
+    done_at: float | None = None
+    timed_out = False
     grace = 30.0 if opts.device == "cuda" else 20.0
     try:
         while any(p.is_alive() for p in procs):
@@ -196,10 +198,19 @@ def _monitor(
                         quality.add("capture_rank_killed", f"rank {r} did not stop within {grace:.0f}s after a peer died; killed", rank=r)
                         p.kill()
                 break
+            if done_at is None and all((run_dir / f"rank{r}.extra.json").exists() for r in range(len(procs))):
+                done_at = now
+            if done_at is not None and now - done_at > 15.0:
+                for p in procs:  # every rank wrote its records; teardown is stuck (seen after CUDA graphs)
+                    if p.is_alive():
+                        p.kill()
+                break
             limit = opts.duration_s * 3 + 120 if started else 600 + opts.duration_s
             if now - (started or t_spawn) > limit:
+                if not stop.is_set() or not timed_out:
+                    quality.add("capture_timeout", f"ranks still running {limit:.0f}s after start; stopped them")
+                    timed_out = True
                 stop.set()
-                quality.add("capture_timeout", f"ranks still running {limit:.0f}s after start; stopped them")
                 if now - (started or t_spawn) > limit + grace:
                     for p in procs:
                         p.kill()

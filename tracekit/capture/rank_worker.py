@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 import traceback
 from dataclasses import replace
@@ -76,7 +77,11 @@ def rank_main(rank: int, opts: Any, run_dir: str, store_path: str, stop_event: A
         out["traceback"] = traceback.format_exc(limit=8)
         _write_extra(run, rank, out)
         os._exit(1)
-    _write_extra(run, rank, out)
+    if not out.get("written"):
+        _write_extra(run, rank, out)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip interpreter teardown (CUDA/NCCL destructors can block); everything is on disk
 
 
 def _write_extra(run: Path, rank: int, out: dict[str, Any]) -> None:
@@ -226,9 +231,12 @@ def _run(rank: int, opts: Any, run: Path, store_path: str, stop_event: Any, queu
     out["markers"] = [
         {"step_id": s, "ts_ns": ts, "delay_ns": d} for (s, ts, d) in delay.events
     ]
+    _write_extra(run, rank, out)  # before teardown: NCCL teardown after graph capture can hang
+    out["written"] = True
     if stop_reason != "error":
         try:
             dist.barrier(group=ctrl)
-            dist.destroy_process_group()
+            if not scfg.cuda_graphs:
+                dist.destroy_process_group()
         except Exception:  # noqa: BLE001
             pass

@@ -98,6 +98,11 @@ def grouped_mm_available(device: torch.device, dtype: torch.dtype) -> bool:
     return _probe_cache[key]
 
 
+def _expert_counts(flat: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """Tokens per expert without a host sync (CUDA bincount reads its max back to the host)."""
+    return torch.zeros(n_experts, dtype=torch.int64, device=flat.device).index_add_(0, flat, torch.ones_like(flat))
+
+
 @dataclass
 class _Shard:
     heads: int
@@ -201,7 +206,7 @@ class TPMoEModel(torch.nn.Module):
         with record_function("moe.experts"):
             flat = idx.reshape(-1)
             order = torch.argsort(flat, stable=True)
-            counts = torch.bincount(flat, minlength=E).tolist()  # host sync, as naive MoE does
+            counts = _expert_counts(flat, E).tolist()  # host sync, as naive MoE does
             tok = order // k
             wts = w.reshape(-1)[order]
             out = torch.zeros_like(x)
@@ -226,7 +231,7 @@ class TPMoEModel(torch.nn.Module):
             tok = order // k
             wts = w.reshape(-1)[order]
             xs = x.index_select(0, tok)
-            counts = torch.bincount(flat, minlength=E)
+            counts = _expert_counts(flat, E)
         with record_function("moe.experts"):
             if self.use_grouped_mm:
                 offs = torch.cumsum(counts, 0).to(torch.int32)
