@@ -48,6 +48,12 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(False, "--force", help="Overwrite the output."),
         workload: bool = typer.Option(False, "--workload", help="Run the built-in workload even if an SGLang server answers."),
         url: str = typer.Option(DEFAULT_SGLANG_URL, "--url", help="SGLang server to look for first."),
+        sglang: Optional[str] = typer.Option(None, "--sglang", help="Capture this SGLang server (http://HOST:PORT); error if it does not answer."),
+        load: Optional[str] = typer.Option(None, "--load", help="SGLang: drive N concurrent requests during capture; a list (256,512,1024) captures each level."),
+        steps: Optional[int] = typer.Option(None, "--steps", help="SGLang: stop profiling after N forward steps instead of the duration."),
+        with_stack: bool = typer.Option(False, "--with-stack", help="SGLang: record Python stacks (more overhead)."),
+        profile_dir: Optional[Path] = typer.Option(None, "--profile-dir", help="SGLang: directory the server writes its traces to (default: a fresh temp dir)."),
+        poll_timeout: float = typer.Option(300.0, "--poll-timeout", help="SGLang: seconds to wait for every rank's trace file."),
         device: str = typer.Option("auto", "--device", help="auto (all visible GPUs, else CPU), cuda or cpu."),
         ranks: Optional[int] = typer.Option(None, "--ranks", "-n", help="Tensor-parallel ranks (default: all GPUs, or 8 on CPU)."),
         moe_impl: str = typer.Option("grouped", "--moe-impl", help="loop (per-expert small GEMMs, host sync) or grouped (one grouped GEMM)."),
@@ -85,15 +91,15 @@ def register(app: typer.Typer) -> None:
             res = run_external(program, output, duration_s=secs, force=force, keep_raw=keep_raw)
             print(f"tracekit: wrote {res}")
             return
-        if not workload and _sglang_detected(url):
-            try:
-                from tracekit.capture import sglang_capture  # written with the SGLang capture issue
-            except ImportError:
-                raise CaptureError(
-                    f"an SGLang server answers at {url} but this build cannot capture it yet; "
-                    "pass --workload to run the built-in workload instead"
-                ) from None
-            sglang_capture.capture_server(url, output, duration_s=secs, force=force)  # type: ignore[attr-defined]
+        target = sglang or (url if not workload and _sglang_detected(url) else None)
+        if target:
+            from tracekit.capture.sglang_client import capture_sglang
+
+            print(f"tracekit: capturing the SGLang server at {target}")
+            capture_sglang(
+                target, secs, output, force=force, load=load, num_steps=steps, with_stack=with_stack,
+                record_shapes=record_shapes, output_dir=profile_dir, poll_timeout_s=poll_timeout,
+            )
             return
         from tracekit.capture.options import CaptureOptions
         from tracekit.capture.orchestrate import resolve_device, run_builtin
