@@ -118,7 +118,13 @@ def _assign_groups(ops: pl.DataFrame) -> pl.DataFrame:
         .otherwise(pl.lit("fam:") + pl.col("family").cast(pl.String).fill_null("unknown")).alias("pg")
     ).sort(["rank", "pg", "ts_ns"])
     ordinal = pl.int_range(pl.len()).over(["rank", "pg"]).cast(pl.Int64)
-    seq_ok = pl.col("coll_seq").is_not_null().all().over(["rank", "pg"]) & pl.col("pg").str.starts_with("pg:")
+    # recorded sequence numbers are used only when complete and unique per (rank, group); traces assembled
+    # from several profiler windows by older converters restart them per window
+    seq_ok = (
+        pl.col("coll_seq").is_not_null().all().over(["rank", "pg"])
+        & (pl.col("coll_seq").n_unique().over(["rank", "pg"]) == pl.len().over(["rank", "pg"]))
+        & pl.col("pg").str.starts_with("pg:")
+    )
     return ops.with_columns(pl.when(seq_ok).then(pl.col("coll_seq")).otherwise(ordinal).alias("seq"))
 
 

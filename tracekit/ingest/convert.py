@@ -100,31 +100,37 @@ def convert_source(src: Source, rules_path: str | None, part_dir: str) -> list[d
     return out
 
 
-def _dedupe_steps(rank_df: pl.DataFrame, extra: pl.DataFrame) -> pl.DataFrame:
+def _dedupe_steps(rank_df: pl.DataFrame, extra: pl.DataFrame) -> tuple[pl.DataFrame, dict[int, int]]:
     """Drop capture-side step records that the trace itself carries as steps.
 
     A capture-side record (forward hook JSONL, tracekit instrumentation) of a
     forward that ran while the profiler recorded duplicates the trace's own
     ``tk.fwd``/``step[...]`` step; it is matched by nearest start within half a
-    median step and dropped. Unmatched records stay, with ``profiled`` false
-    when unknown: they are the unprofiled step timings.
+    median step and dropped, and its ``step_id`` (the capture's global forward
+    number) is returned as a mapping for the traced step so both numberings
+    agree. Unmatched records stay, with ``profiled`` false when unknown: they
+    are the unprofiled step timings.
     """
     if extra.height == 0:
-        return extra
+        return extra, {}
     is_step = pl.col("kind").cast(pl.String) == "step"
-    traced = rank_df.filter(is_step).select(pl.col("ts_ns").alias("_t")).sort("_t")
+    traced = rank_df.filter(is_step).select(pl.col("ts_ns").alias("_t"), pl.col("step_id").alias("_tsid")).sort("_t")
     cand = extra.with_row_index("_i")
     steps = cand.filter(is_step)
     if steps.height == 0:
-        return extra
+        return extra, {}
+    mapping: dict[int, int] = {}
     if traced.height:
         tol = int(max(1, steps["dur_ns"].median() or 1) // 2)
         m = steps.sort("ts_ns").join_asof(traced, left_on="ts_ns", right_on="_t", strategy="nearest", tolerance=tol, check_sortedness=False)
-        drop = m.filter(pl.col("_t").is_not_null()).get_column("_i")
-        cand = cand.filter(~pl.col("_i").is_in(drop.implode()))
-    return cand.with_columns(
+        hit = m.filter(pl.col("_t").is_not_null())
+        cand = cand.filter(~pl.col("_i").is_in(hit.get_column("_i").implode()))
+        pairs = hit.filter(pl.col("_tsid").is_not_null() & pl.col("step_id").is_not_null()).unique("_tsid", keep="first")
+        mapping = {int(a): int(b) for a, b in zip(pairs["_tsid"].to_list(), pairs["step_id"].to_list())}
+    kept = cand.with_columns(
         pl.when(is_step).then(pl.col("profiled").fill_null(False)).otherwise(pl.col("profiled")).alias("profiled")
     ).drop("_i")
+    return kept, mapping
 
 
 def _world_meta(metas: list[dict[str, Any]], ranks: list[int], quality: QualityLog) -> dict[str, Any]:
@@ -250,7 +256,9 @@ def convert(
                 df = pl.concat(frames, how="vertical_relaxed") if len(frames) > 1 else frames[0]
                 if extra is not None:
                     ex = extra.filter(pl.col("rank") == r)
-                    ex = _dedupe_steps(df, ex)
+                    ex, sid_map = _dedupe_steps(df, ex)
+                    if sid_map:
+                        df = df.with_columns(pl.col("step_id").replace(sid_map))
                     if ex.height:
                         df = pl.concat([df, conform(ex)], how="vertical_relaxed")
                 if offsets.get(r):
@@ -394,16 +402,42 @@ def _ranges(xs: list[int]) -> str:
 
 
 def _offset_windows(frames: list[pl.DataFrame]) -> list[pl.DataFrame]:
-    """Several windows of one rank: renumber sequential step ids so they stay unique."""
+    """Several profiler windows of one rank: keep step ids and collective sequence numbers unique.
+
+    Each window was finalized on its own, so both restart at 0. Windows are
+    barrier-aligned across ranks (same steps everywhere), so shifting each
+    window past the previous one's maximum, per process group, keeps
+    instances matchable across ranks. (Recorded ``Seq`` values never
+    overlap and are left alone.)
+    """
     if len(frames) < 2:
         return frames
+    is_comm = pl.col("category").cast(pl.String) == "communication"
+    key = pl.coalesce(pl.col("pg_name").cast(pl.String), pl.lit("fam:") + pl.col("family").cast(pl.String))
     out, base = [], 0
+    seq_max: dict[str, int] = {}
     for f in frames:
         sid = f.get_column("step_id")
         if base and sid.null_count() < f.height:
             f = f.with_columns(pl.col("step_id") + base)
         mx = f.get_column("step_id").max()
         base = (int(mx) + 1) if mx is not None else base
+        comm = f.filter(is_comm & pl.col("coll_seq").is_not_null()).group_by(key.alias("_k")).agg(
+            pl.col("coll_seq").min().alias("_lo"), pl.col("coll_seq").max().alias("_hi")
+        )
+        shift = {}
+        for k, lo, hi in comm.iter_rows():
+            prev = seq_max.get(k)
+            add = (prev + 1 - lo) if prev is not None and lo <= prev else 0
+            shift[k] = add
+            seq_max[k] = hi + add
+        if any(shift.values()):
+            f = f.with_columns(
+                pl.when(is_comm & pl.col("coll_seq").is_not_null())
+                .then(pl.col("coll_seq") + key.replace_strict(shift, default=0, return_dtype=pl.Int64))
+                .otherwise(pl.col("coll_seq"))
+                .alias("coll_seq")
+            )
         out.append(f)
     return out
 
