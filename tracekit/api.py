@@ -60,7 +60,10 @@ def analyze_frame(
         if origin is None:
             origin = int(df["ts_ns"].min()) if df.height else 0
         tr = parse_time_range(window, origin)
-    win = select_window(df, time_range=tr, skip_steps=skip_steps, trim_transient=trim_transient and tr is None, quality=quality)
+    pw = (meta.get("capture") or {}).get("profiler_windows") if isinstance(meta.get("capture"), dict) else None
+    win = select_window(
+        df, time_range=tr, skip_steps=skip_steps, trim_transient=trim_transient and tr is None, quality=quality, profiler_windows=pw
+    )
     extra: dict[str, Any] = {}
     comm_parts = None
     if cross_rank:

@@ -61,7 +61,13 @@ def _bounds(ops: pl.DataFrame, window: Window) -> pl.DataFrame:
         ext = ext.with_columns(pl.lit(window.start_ns).alias("lo"))
     if window.end_ns is not None:
         ext = ext.with_columns(pl.lit(window.end_ns).alias("hi"))
-    return ext.with_columns(pl.max_horizontal("lo", pl.col("lo")).alias("lo")).sort("rank")
+    ext = ext.sort("rank")
+    if window.spans:
+        sp = pl.DataFrame({"s_lo": [a for a, _ in window.spans], "s_hi": [b for _, b in window.spans]}, schema={"s_lo": pl.Int64, "s_hi": pl.Int64})
+        ext = ext.join(sp, how="cross").with_columns(
+            pl.max_horizontal("lo", "s_lo").alias("lo"), pl.min_horizontal("hi", "s_hi").alias("hi")
+        ).filter(pl.col("hi") > pl.col("lo")).drop(["s_lo", "s_hi"]).sort(["rank", "lo"])
+    return ext
 
 
 def compute_breakdown(
@@ -95,7 +101,7 @@ def compute_breakdown(
             ]
         )
         buckets = SPLIT_PRIORITY
-    iv = iv.join(bounds, on="rank", how="inner")
+    iv = iv.join(bounds, on="rank", how="inner")  # one row per (op, span) with several spans
     iv = clip(iv, pl.col("lo"), pl.col("hi")).select("rank", "start", "end", "bucket")
     prio = {b: i for i, b in enumerate(buckets)}
     iv = iv.with_columns(pl.col("bucket").replace_strict(prio, default=len(buckets) - 1, return_dtype=pl.Int32).alias("_p"))
@@ -104,7 +110,7 @@ def compute_breakdown(
         u = union_length(iv.filter(pl.col("_p") <= k), by="rank").with_columns(pl.lit(k).alias("_k"))
         cum_rows.append(u)
     cum = pl.concat(cum_rows).pivot(on="_k", index="rank", values="length") if cum_rows else None
-    table = bounds.select("rank", pl.col("lo").alias("window_start_ns"), (pl.col("hi") - pl.col("lo")).alias("window_ns"))
+    table = bounds.group_by("rank").agg(pl.col("lo").min().alias("window_start_ns"), (pl.col("hi") - pl.col("lo")).sum().alias("window_ns"))
     if cum is not None:
         table = table.join(cum, on="rank", how="left")
     cols = []
@@ -126,6 +132,11 @@ def _windowed(df: pl.DataFrame, window: Window) -> pl.DataFrame:
         ops = ops.filter(pl.col("ts_ns") + pl.col("dur_ns") > window.start_ns)
     if window.end_ns is not None:
         ops = ops.filter(pl.col("ts_ns") < window.end_ns)
+    if window.spans:
+        inside = pl.lit(False)
+        for a, b in window.spans:
+            inside = inside | ((pl.col("ts_ns") + pl.col("dur_ns") > a) & (pl.col("ts_ns") < b))
+        ops = ops.filter(inside)
     return ops
 
 

@@ -18,7 +18,7 @@ from tracekit._errors import QualityLog
 from tracekit.analysis.align import align_clocks
 from tracekit.analysis.collectives import collective_quality, collective_summary, match_collectives, split_communication
 from tracekit.analysis.efficiency import kernel_efficiency
-from tracekit.analysis.gaps import idle_causes
+from tracekit.analysis.gaps import idle_causes, restrict_to_spans
 from tracekit.analysis.pcie import pcie_phases
 from tracekit.analysis.power import power_verdicts
 from tracekit.analysis.stalls import MIN_REL_STEP, MIN_WAIT_NS, detect_stalls, lost_by_rank, stall_summary
@@ -121,8 +121,18 @@ def cross_rank_sections(df: pl.DataFrame, meta: Mapping[str, Any], opts: Mapping
 
     window = (lo, hi) if lo is not None and hi is not None else None
     idle = idle_causes(wdf, inst, window=window)
+    spans = getattr(opts.get("window"), "spans", None)
+    observed = None
+    if spans:  # windowed capture: time between profiler windows was not recorded
+        idle = restrict_to_spans(idle, spans)
+        inside = pl.lit(False)
+        for a, b in spans:
+            inside = inside | (((pl.col("ts_ns") + pl.col("dur_ns")) >= a) & (pl.col("ts_ns") <= b))
+        wdf = wdf.filter(inside)
+        total = sum(int(b) - int(a) for a, b in spans)
+        observed = {int(r): total for r in wdf.get_column("rank").unique().to_list()}
     pcie = pcie_phases(wdf, meta, instances=inst)
-    pw = power_verdicts(wdf, meta)
+    pw = power_verdicts(wdf, meta, observed_ns=observed)
     st = step_stats(wdf, inst)
     q.extend(st.quality)
     eff = kernel_efficiency(wdf, meta)
@@ -147,13 +157,13 @@ def cross_rank_sections(df: pl.DataFrame, meta: Mapping[str, Any], opts: Mapping
         "steps": st.to_json(max_steps=max_items),
         "kernel_efficiency": _records(eff, 50),
     }
-    out["findings"] = _findings(out, al.residual_ns, inst, idle, pcie, pw, st, eff, wdf)
+    out["findings"] = _findings(out, al.residual_ns, inst, idle, pcie, pw, st, eff, wdf, observed)
     out["_comm_parts"] = comm_parts
     return out
 
 
 def _findings(out: dict[str, Any], residual: int | None, inst: pl.DataFrame, idle: Any, pcie: pl.DataFrame,
-              pw: Any, st: Any, eff: pl.DataFrame, wdf: pl.DataFrame) -> list[str]:
+              pw: Any, st: Any, eff: pl.DataFrame, wdf: pl.DataFrame, observed: dict[int, int] | None = None) -> list[str]:
     found: list[tuple[float, str]] = []  # (importance in ns, sentence)
     # stalls: who waited for whom, and why
     ssum = out["collectives"]["stall_summary"]
@@ -178,6 +188,8 @@ def _findings(out: dict[str, Any], residual: int | None, inst: pl.DataFrame, idl
         span = wdf.filter(pl.col("kind").cast(pl.String).is_in(["kernel", "memcpy", "memset"])).group_by("rank").agg(
             ((pl.col("ts_ns") + pl.col("dur_ns")).max() - pl.col("ts_ns").min()).alias("w"))
         wmap = {int(r): int(w) for r, w in zip(span["rank"].to_list(), span["w"].to_list())}
+        if observed:
+            wmap = {r: min(w, observed.get(r, w)) for r, w in wmap.items()}
         for row in idle.totals.filter(pl.col("cause") != "waiting_on_peer").sort("total_ns", descending=True).head(4).iter_rows(named=True):
             w = wmap.get(int(row["rank"]), 0)
             if w and row["total_ns"] / w >= 0.05:

@@ -191,3 +191,20 @@ def idle_causes(
     totals = gaps.group_by(["rank", "cause"]).agg(pl.col("dur_ns").sum().alias("total_ns"), pl.len().alias("count")).sort(["rank", "cause"])
     largest = gaps.sort("dur_ns", descending=True).group_by("rank", maintain_order=True).head(top_n).sort(["rank", "dur_ns"], descending=[False, True])
     return IdleCauses(gaps, totals, largest)
+
+
+def restrict_to_spans(idle: IdleCauses, spans: Any, *, top_n: int = 10) -> IdleCauses:
+    """Keep only the parts of gaps inside ``spans`` (profiler windows); totals recomputed.
+
+    Time between the windows of a windowed capture was not recorded, so it is
+    neither idle nor busy.
+    """
+    if not spans or idle.gaps.height == 0:
+        return idle
+    sp = pl.DataFrame({"lo": [int(a) for a, _ in spans], "hi": [int(b) for _, b in spans]})
+    g = idle.gaps.join(sp, how="cross")
+    g = iv.clip(g, pl.col("lo"), pl.col("hi"), start="start_ns", end="end_ns").drop(["lo", "hi"])
+    g = g.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("dur_ns")).sort(["rank", "start_ns"])
+    totals = g.group_by(["rank", "cause"]).agg(pl.col("dur_ns").sum().alias("total_ns"), pl.len().alias("count")).sort(["rank", "cause"])
+    largest = g.sort("dur_ns", descending=True).group_by("rank", maintain_order=True).head(top_n).sort(["rank", "dur_ns"], descending=[False, True])
+    return IdleCauses(g, totals, largest)

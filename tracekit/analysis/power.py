@@ -64,8 +64,13 @@ def power_verdicts(
     high_power_frac: float = 0.9,
     busy_frac: float = 0.5,
     spin_min_ns: int = 1_000_000,
+    observed_ns: Mapping[int, int] | None = None,
 ) -> PowerResult:
-    """Verdicts per rank (module doc); ``has_counters`` False and empty frames when no ``power_w`` samples."""
+    """Verdicts per rank (module doc); ``has_counters`` False and empty frames when no ``power_w`` samples.
+
+    ``observed_ns``: per-rank observed time (sum of profiler windows of a windowed capture) used as the
+    denominator of ``busy_frac`` instead of first-op-to-last-op.
+    """
     pw = _samples(df, "power_w")
     sm = _samples(df, "sm_active_pct")
     empty_spin = pl.DataFrame(schema={"rank": pl.Int64, "start_ns": pl.Int64, "dur_ns": pl.Int64, "name": pl.String,
@@ -95,7 +100,10 @@ def power_verdicts(
         agg.join(lim, on="rank", how="left").join(win, on="rank", how="left").join(busy_len, on="rank", how="left")
         .join(smm, on="rank", how="left")
         .with_columns(
-            (pl.col("busy") / (pl.col("hi") - pl.col("lo")).cast(pl.Float64)).alias("busy_frac"),
+            (pl.col("busy") / (
+                pl.col("rank").replace_strict({int(k): int(v) for k, v in observed_ns.items()}, default=None, return_dtype=pl.Int64)
+                if observed_ns else (pl.col("hi") - pl.col("lo"))
+            ).cast(pl.Float64)).alias("busy_frac"),
             (pl.coalesce("power_busy_w", "power_mean_w") / pl.col("power_limit_w")).alias("power_frac"),
         )
     )

@@ -15,7 +15,7 @@ import polars as pl
 
 from tracekit._errors import QualityLog, UsageError
 
-__all__ = ["Window", "select_window", "transient_end_ns", "gpu_ops", "parse_time_range"]
+__all__ = ["Window", "select_window", "observed_spans", "transient_end_ns", "gpu_ops", "parse_time_range"]
 
 GPU = ["kernel", "memcpy", "memset"]
 
@@ -31,6 +31,11 @@ class Window:
     trimmed_transient_ns: int = 0
     skipped_steps: int = 0
     reason: str = "extent"
+    #: observed stretches (profiler windows of a windowed capture); time outside them is not analyzed
+    spans: tuple[tuple[int, int], ...] | None = None
+
+    def with_spans(self, spans: tuple[tuple[int, int], ...] | None) -> "Window":
+        return Window(self.start_ns, self.end_ns, self.trimmed_transient_ns, self.skipped_steps, self.reason, spans)
 
 
 def parse_time_range(spec: str, origin_ns: int) -> tuple[int, int]:
@@ -70,6 +75,29 @@ def transient_end_ns(df: pl.DataFrame) -> int | None:
     return int(firsts["end"].max())
 
 
+def observed_spans(df: pl.DataFrame, profiler_windows: list[list[int]] | None) -> tuple[tuple[int, int], ...] | None:
+    """Profiler windows of a windowed capture, each extended to the end of the GPU ops launched inside it.
+
+    None when the capture had at most one window (then the extent of GPU ops is the window).
+    """
+    if not profiler_windows or len(profiler_windows) < 2:
+        return None
+    ops = gpu_ops(df).select(pl.coalesce("launch_ts_ns", "ts_ns").alias("l"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("e"))
+    spans = []
+    for a, b in sorted((int(x[0]), int(x[1])) for x in profiler_windows):
+        inside = ops.filter((pl.col("l") >= a) & (pl.col("l") <= b))
+        end = max(b, int(inside["e"].max())) if inside.height else b
+        start = min(a, int(gpu_ops(df).filter((pl.col("ts_ns") + pl.col("dur_ns") > a) & (pl.col("ts_ns") < a))["ts_ns"].min() or a))
+        spans.append((start, end))
+    merged: list[tuple[int, int]] = []
+    for a, b in spans:
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return tuple(merged)
+
+
 def select_window(
     df: pl.DataFrame,
     *,
@@ -78,6 +106,26 @@ def select_window(
     trim_transient: bool = True,
     quality: QualityLog | None = None,
     min_skew_ns: int = 1_000_000,
+    profiler_windows: list[list[int]] | None = None,
+) -> Window:
+    w = _select(df, time_range=time_range, skip_steps=skip_steps, trim_transient=trim_transient, quality=quality, min_skew_ns=min_skew_ns)
+    spans = observed_spans(df, profiler_windows)
+    if spans:
+        q = quality if quality is not None else QualityLog()
+        q.add("profiler_windows", f"windowed capture: analyzing the {len(spans)} profiler windows only "
+              f"({sum(b - a for a, b in spans) / 1e6:.1f} ms); time between windows was not recorded", severity="info")
+        return w.with_spans(spans)
+    return w
+
+
+def _select(
+    df: pl.DataFrame,
+    *,
+    time_range: tuple[int, int] | None,
+    skip_steps: int,
+    trim_transient: bool,
+    quality: QualityLog | None,
+    min_skew_ns: int,
 ) -> Window:
     """Decide the analysis window. Explicit ``time_range`` wins; then ``skip_steps``; then the transient trim.
 
