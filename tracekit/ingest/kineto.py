@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import msgspec
+import pyarrow as pa
+import pyarrow.json as pajson
 from msgspec.structs import astuple
 import polars as pl
 
@@ -458,8 +460,8 @@ _ND_SCHEMA = {
     }),
 }
 _STAGE_SCHEMA = {
-    "kind": pl.String, "src": pl.String, "name": pl.String, "pid_s": pl.String, "tid_s": pl.String,
-    "ts_s": pl.String, "dur_s": pl.String, "correlation": pl.Int64, "external_id": pl.Int64,
+    "kind": pl.String, "src": pl.String, "name": pl.String, "pid": pl.Int64, "tid": pl.Int64,
+    "ts_rel_ns": pl.Int64, "dur_ns": pl.Int64, "correlation": pl.Int64, "external_id": pl.Int64,
     "device": pl.Int64, "stream": pl.Int64, "registers_per_thread": pl.Int64, "shared_mem_bytes": pl.Int64,
     "bytes": pl.Int64, "graph_id": pl.Int64, "graph_node_id": pl.Int64, "coll_name": pl.String,
     "coll_in_nelems": pl.Int64, "coll_out_nelems": pl.Int64, "coll_group_size": pl.Int64, "coll_dtype": pl.String,
@@ -487,12 +489,49 @@ def _count_unknown(cats: pl.Series, unknown: dict[str, int]) -> None:
         unknown[key] = unknown.get(key, 0) + int(n)
 
 
-def _fast_stage(chunk: bytes, unknown: dict[str, int]) -> pl.DataFrame | None:
-    """Columnar decode of one ``[...]`` chunk; None when the chunk needs the exact path."""
-    nd = _BOUNDARY.sub(b"}\n{", chunk[1:-1].replace(b"\n", b" ").replace(b"\r", b" "))
+_PA_ARGS = pa.struct([
+    ("correlation", pa.int64()), ("External id", pa.int64()), ("device", pa.int64()), ("stream", pa.int64()),
+    ("grid", pa.list_(pa.int64())), ("block", pa.list_(pa.int64())), ("registers per thread", pa.int64()),
+    ("shared memory", pa.int64()), ("bytes", pa.int64()), ("graph id", pa.int64()), ("graph node id", pa.int64()),
+    ("Collective name", pa.string()), ("In msg nelems", pa.int64()), ("Out msg nelems", pa.int64()),
+    ("Group size", pa.int64()), ("dtype", pa.string()), ("Process Group Name", pa.string()),
+    ("Process Group Description", pa.string()), ("Process Group Ranks", pa.string()), ("Seq", pa.int64()),
+])
+_PA_SCHEMA = pa.schema([
+    ("ph", pa.string()), ("cat", pa.string()), ("name", pa.string()), ("pid", pa.int64()), ("tid", pa.int64()),
+    ("ts", pa.float64()), ("dur", pa.float64()), ("args", _PA_ARGS),
+])
+_PA_PARSE = pajson.ParseOptions(explicit_schema=_PA_SCHEMA, unexpected_field_behavior="ignore", newlines_in_values=True)
+_PA_READ = pajson.ReadOptions(use_threads=True, block_size=4 << 20)
+
+
+def _pa_read(nd: bytes) -> pl.DataFrame | None:
     try:
-        ev = pl.read_ndjson(io.BytesIO(nd), schema=_ND_SCHEMA)
-    except Exception:  # noqa: BLE001 - any mismatch: fall back to the exact decoder
+        tbl = pajson.read_json(io.BytesIO(nd), parse_options=_PA_PARSE, read_options=_PA_READ)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None
+    return pl.from_arrow(tbl)  # type: ignore[return-value]
+
+
+def _float_us_to_ns(col: str) -> pl.Expr:
+    """float64 µs -> int64 ns without losing the integer part (exact for relative or integral timestamps)."""
+    f = pl.col(col)
+    ip = f.floor()
+    return ip.cast(pl.Int64) * 1000 + ((f - ip) * 1000).round(0).cast(pl.Int64)
+
+
+def _fast_stage(chunk: bytes, unknown: dict[str, int]) -> pl.DataFrame | None:
+    """Columnar decode of one ``[...]`` chunk (Arrow's C++ JSON reader); None -> use the exact path.
+
+    Events are split into newline-delimited objects with a plain byte replace for
+    torch's own layout (``},\n  {``), else a regex; any type surprise (a string
+    pid, a list where a number should be) returns None.
+    """
+    body = chunk[1:-1]
+    ev = _pa_read(body.replace(b"},\n  {", b"}\n  {")) if b"},\n  {" in body else None
+    if ev is None:
+        ev = _pa_read(_BOUNDARY.sub(b"}\n{", body))
+    if ev is None:
         return None
     known = list(KINETO_KINDS)
     is_x = pl.col("ph") == "X"
@@ -506,10 +545,10 @@ def _fast_stage(chunk: bytes, unknown: dict[str, int]) -> pl.DataFrame | None:
         pl.when(pl.col("ph") == "X").then(pl.col("cat").replace_strict(KINETO_KINDS, default=None)).otherwise(pl.lit("instant")).alias("kind"),
         pl.col("cat").alias("src"),
         pl.col("name").fill_null(""),
-        pl.col("pid").alias("pid_s"),
-        pl.col("tid").alias("tid_s"),
-        pl.col("ts").alias("ts_s"),
-        pl.col("dur").alias("dur_s"),
+        pl.col("pid"),
+        pl.col("tid"),
+        _float_us_to_ns("ts").alias("ts_rel_ns"),
+        _float_us_to_ns("dur").fill_null(0).alias("dur_ns"),
         *[a.struct.field(k).alias(_ARG_RENAME.get(k, k)) for k in ("correlation", "External id", "device", "stream",
           "registers per thread", "shared memory", "bytes", "graph id", "graph node id", "Collective name",
           "In msg nelems", "Out msg nelems", "Group size", "dtype", "Process Group Name",
@@ -570,18 +609,19 @@ def _stage_from_cols(cols: _Cols) -> pl.DataFrame:
             dim3("block", 0).alias("block_x"), dim3("block", 1).alias("block_y"), dim3("block", 2).alias("block_z"),
         ]
     )
+    st = st.with_columns(
+        _ns_expr("ts_s", unit_ns=1000).alias("ts_rel_ns"),
+        _ns_expr("dur_s", unit_ns=1000).fill_null(0).alias("dur_ns"),
+        pl.col("pid_s").cast(pl.Int64, strict=False).alias("pid"),
+        pl.col("tid_s").cast(pl.Int64, strict=False).alias("tid"),
+    )
     return st.select([pl.col(k).cast(t) for k, t in _STAGE_SCHEMA.items()])
 
 
 def _finish(st: pl.DataFrame, meta: dict[str, Any]) -> pl.DataFrame:
     """Stage frame -> schema frame: ns times, ints, memcpy kinds."""
     base = meta.get("base_time_ns") or 0
-    df = st.with_columns(
-        (_ns_expr("ts_s", unit_ns=1000) + pl.lit(base, dtype=pl.Int64)).alias("ts_ns"),
-        _ns_expr("dur_s", unit_ns=1000).fill_null(0).alias("dur_ns"),
-        pl.col("pid_s").cast(pl.Int64, strict=False).alias("pid"),
-        pl.col("tid_s").cast(pl.Int64, strict=False).alias("tid"),
-    )
+    df = st.with_columns((pl.col("ts_rel_ns") + pl.lit(base, dtype=pl.Int64)).alias("ts_ns"))
     bad_ts = df.filter(pl.col("ts_ns").is_null()).height
     if bad_ts:
         meta.setdefault("quality", []).append({"code": "bad_timestamps", "message": f"dropped {bad_ts} events without a numeric ts", "severity": "warning"})
