@@ -70,9 +70,6 @@ def main() -> None:
     if a.acceptance:
         rows = acceptance(a.acceptance)
         print_table(rows)
-        for r in rows:
-            for n in r.get("notes", []):
-                print(f"  {r['what_if']}: {n}")
         return
     df = synth(a.ops, a.ranks)
     t = time.perf_counter()
@@ -93,92 +90,50 @@ def main() -> None:
 
 # ----------------------------------------------------------------------------- acceptance protocol
 
-
-def _class_ratio(base_df: pl.DataFrame, tgt_df: pl.DataFrame, category: str) -> float:
-    """Ratio of the median per-step summed duration of a category (target / base); transfers for communication."""
-    from tracekit.replay.graph import build_graph
-
-    def per_step(df: pl.DataFrame) -> float:
-        g = build_graph(df)
-        if category == "communication":
-            return float(g.instances.get_column("transfer_ns").median() or 0)
-        o = g.ops.filter((pl.col("category") == category) & (pl.col("step_ord") >= 0))
-        return float(o.group_by(["rank", "step_ord"]).agg(pl.col("dur").sum()).get_column("dur").median() or 0)
-
-    b = per_step(base_df)
-    return per_step(tgt_df) / b if b else 1.0
+VARIANTS = ("loop", "grouped", "grouped_p2p_off", "straggler", "graphs")
 
 
 def acceptance(folder: str) -> list[dict]:
-    """Run replay_model.md §9 on the capture helper's fixtures; returns table rows."""
+    """Run replay_model.md §9 (:mod:`tracekit.replay.acceptance`) on a folder of capture fixtures."""
     from pathlib import Path
 
-    from tracekit.replay import replay
-    from tracekit.replay.calibrate import unprofiled_timing
+    from tracekit.replay.acceptance import acceptance_rows
     from tracekit.schema import read_trace
 
-    files = {p.stem: p for p in sorted(Path(folder).glob("*.parquet"))}
-
-    def find(name: str):
-        hits = [p for s, p in files.items() if s == name or s.endswith(name) or s.startswith(name + ".")]
-        return read_trace(hits[0]) if hits else None
-
-    traces = {n: find(n) for n in ("loop", "grouped", "grouped_p2p_off", "straggler", "graphs")}
-    rows: list[dict] = []
-    for n, t in traces.items():
-        if t is None:
-            continue
-        r = replay(t[0], t[1])
-        b = r.baseline
-        rows.append({"what_if": f"self-replay {n}", "predicted_ms": b["self_replay_step_ns_p50"] / 1e6,
-                     "measured_ms": b["profiled_step_ns_p50"] / 1e6, "error": b["self_replay_error"],
-                     "noise": r.noise["relative"] if r.noise else None, "scale": r.calibration_scale,
-                     "calibrated_error": b["calibrated_error"]})
-
-    def case(label: str, base: str, tgt: str, specs: list[str], oracle: bool) -> None:
-        if traces.get(base) is None or traces.get(tgt) is None:
-            return
-        bdf, bmeta = traces[base]
-        tdf, tmeta = traces[tgt]
-        r = replay(bdf, bmeta, specs, durations_from=tdf if oracle else None)
-        mode = r.baseline["step_mode"]
-        unp = unprofiled_timing(tdf, tmeta, mode)
-        measured = unp.p50 if unp else float("nan")
-        noise = max(x for x in (unp.noise if unp else None, r.noise["relative"] if r.noise else None, 0.0)
-                    if x is not None)
-        for p in r.what_if:
-            rows.append({"what_if": f"{label}: {p.spec}", "predicted_ms": p.step_ns_p50 / 1e6,
-                         "measured_ms": measured / 1e6, "error": p.step_ns_p50 / measured - 1,
-                         "noise": noise, "baseline_ms": r.baseline["step_ns_p50"] / 1e6,
-                         "measured_baseline_ms": r.baseline["measured_step_ns_p50"] / 1e6, "scale": r.calibration_scale,
-                         "notes": p.notes})
-
-    if traces.get("loop") and traces.get("grouped"):
-        ratio = _class_ratio(traces["loop"][0], traces["grouped"][0], "moe_gemm")
-        case("loop → grouped", "loop", "grouped", [f"moe_gemm={ratio:.4f}"], True)
-        ratio = _class_ratio(traces["grouped"][0], traces["loop"][0], "moe_gemm")
-        case("grouped → loop", "grouped", "loop", [f"moe_gemm={ratio:.4f}"], True)
-    if traces.get("grouped") and traces.get("grouped_p2p_off"):
-        ratio = _class_ratio(traces["grouped"][0], traces["grouped_p2p_off"][0], "communication")
-        case("NCCL default → host memory", "grouped", "grouped_p2p_off", [f"communication={ratio:.4f}"], True)
-        ratio = _class_ratio(traces["grouped_p2p_off"][0], traces["grouped"][0], "communication")
-        case("host memory → NCCL default", "grouped_p2p_off", "grouped", [f"communication={ratio:.4f}"], True)
-    if traces.get("grouped") and traces.get("graphs"):
-        case("eager → CUDA graph", "grouped", "graphs", ["cuda-graph"], False)
-    return rows
+    traces = {}
+    for n in VARIANTS:
+        p = Path(folder) / f"{n}.trace.parquet"
+        if p.exists():
+            traces[n] = read_trace(p)
+    return acceptance_rows(traces)
 
 
 def print_table(rows: list[dict]) -> None:
-    def f(x, pct=False):
-        if x is None or x != x:
-            return "-"
-        return f"{x:+.2%}" if pct else f"{x:.3f}"
+    def pct(x):
+        return "-" if x is None or x != x else f"{x:+.2f} %"
 
-    print("| what-if | predicted ms | measured ms | error | noise |")
-    print("|---|---|---|---|---|")
+    print("| what-if | predicted ms | measured ms | error | noise | result |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
         noise = "-" if r.get("noise") is None else f"{r['noise']:.2%}"
-        print(f"| {r['what_if']} | {f(r['predicted_ms'])} | {f(r['measured_ms'])} | {f(r['error'], True)} | {noise} |")
+        meas = f"{r['measured_ns'] / 1e6:.3f} ({r['measured_is']})"
+        print(f"| {r['what_if']} | {r['predicted_ns'] / 1e6:.3f} | {meas} | {pct(r['error'] * 100)} | {noise} | "
+              f"{r['status']} |")
+    print()
+    for r in rows:
+        if r["kind"] == "self":
+            print(f"  {r['what_if']}: calibration scale {r['scale']:.3f}, calibrated replay vs unprofiled "
+                  f"{pct((r['calibrated_error'] or 0) * 100)} (unprofiled {r['measured_unprofiled_ns'] / 1e6:.3f} ms)")
+    for r in rows:
+        if r["kind"] != "self":
+            sh = ", ".join(f"{s['tokens']} tok {s['predicted_ns'] / 1e6:.3f}/{s['measured_ns'] / 1e6:.3f} ms "
+                           f"{s['error']:+.1%}" for s in r.get("by_shape", []))
+            print(f"  {r['what_if']}: predicted change {r['predicted_change']:+.1%}, measured change "
+                  f"{r['measured_change']:+.1%}; per shape {sh}")
+            for n in r.get("notes", []):
+                print(f"      note: {n}")
+            if r.get("cause"):
+                print(f"      cause: {r['cause']}")
 
 
 if __name__ == "__main__":

@@ -436,10 +436,23 @@ def _collective_instances(ops: pl.DataFrame, q: QualityLog, n_ranks: int) -> tup
     c = c.sort(["rank", "ts"]).with_columns(
         pl.int_range(pl.len()).over(["rank", "family"]).alias("_fidx"),
         pl.int_range(pl.len()).over(["rank", "step_ord", "family"]).alias("_sidx"),
+        pl.int_range(pl.len()).over(["rank", "pg_name"]).alias("_pidx"),
     )
+    # recorded sequence numbers only when complete and unique per (rank, group): traces assembled from several
+    # profiler windows by older converters restart them per window (then: order within the group)
+    grp = ["rank", "pg_name"]
+    seq_ok = (pl.col("coll_seq").is_not_null().all().over(grp)
+              & (pl.col("coll_seq").n_unique().over(grp) == pl.len().over(grp)))
+    n_restart = c.filter(pl.col("pg_name").is_not_null() & ~seq_ok).height
+    if n_restart:
+        q.add("replay_collective_seq_restart", f"{n_restart} collectives carry repeated sequence numbers within "
+              "their process group (several profiler windows); matched by order within the group instead",
+              severity="info")
     key = (
-        pl.when(pl.col("pg_name").is_not_null() & pl.col("coll_seq").is_not_null())
+        pl.when(pl.col("pg_name").is_not_null() & seq_ok)
         .then(pl.format("pg:{}:{}", pl.col("pg_name"), pl.col("coll_seq")))
+        .when(pl.col("pg_name").is_not_null())
+        .then(pl.format("po:{}:{}", pl.col("pg_name"), pl.col("_pidx")))
         .when(pl.col("step_ord") >= 0)
         .then(pl.format("st:{}:{}:{}", pl.col("step_ord"), pl.col("family"), pl.col("_sidx")))
         .otherwise(pl.format("ix:{}:{}", pl.col("family"), pl.col("_fidx")))

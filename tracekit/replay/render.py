@@ -34,18 +34,31 @@ def render_replay(res: Any, console: Console | None = None) -> None:
         c.print(f"[yellow]uncalibrated[/yellow] (scale {res.calibration_scale:.3f}); measured {meas} "
                 f"{_ms(b['measured_step_ns_p50'])} ms")
     if res.noise and res.noise.get("relative") is not None:
-        c.print(f"noise floor (two halves of {res.noise['n_steps']} unprofiled steps): {res.noise['relative']:.1%}")
+        c.print(f"noise floor (two halves of {res.noise['n_steps']} matched unprofiled steps): "
+                f"{res.noise['relative']:.1%}")
+    if b.get("step_mode") is not None:
+        c.print(f"compared: {b['step_mode']} steps of {b.get('step_tokens')} tokens (the primary shape; every shape "
+                "in --json by_shape)")
     else:
         c.print("noise floor: unknown (no unprofiled timings)")
     t = Table(title="predicted step time", show_lines=False)
-    for col in ("scenario", "p50 ms", "mean ms", "change", "tokens/s", "note"):
+    has_meas = any(p.measured for p in res.what_if)
+    cols = ["scenario", "p50 ms", "mean ms", "change", "tokens/s"]
+    if has_meas:
+        cols += ["target measured ms", "error"]
+    for col in (*cols, "note"):
         t.add_column(col, justify="left" if col in ("scenario", "note") else "right")
     tok = b.get("tokens_per_s")
-    t.add_row("baseline", _ms(b["step_ns_p50"]), _ms(b["step_ns_mean"]), "", f"{tok:,.0f}" if tok else "-", "")
+    t.add_row("baseline", _ms(b["step_ns_p50"]), _ms(b["step_ns_mean"]), "", f"{tok:,.0f}" if tok else "-",
+              *(["", ""] if has_meas else []), "")
     for p in res.what_if:
         note = "[yellow]inside noise[/yellow]" if p.within_noise else ""
+        extra = []
+        if has_meas:
+            m = p.measured or {}
+            extra = [_ms(m.get("step_ns_p50")), _pct(m.get("error"))]
         t.add_row(p.spec, _ms(p.step_ns_p50), _ms(p.step_ns_mean), _pct(p.change),
-                  f"{p.tokens_per_s:,.0f}" if p.tokens_per_s else "-", note)
+                  f"{p.tokens_per_s:,.0f}" if p.tokens_per_s else "-", *extra, note)
     c.print(t)
     cp = Table(title="critical path per step by category (ms)")
     cp.add_column("category")
