@@ -92,3 +92,20 @@ def test_hostile_kernel_name_is_text_and_runs_nothing(page, tmp_path):
 def test_programmatic_zoom_steps(page):
     st = pre_json(run_page(page, hash_="bench"), "tk-status")
     assert st.get("bench_done") and len(st["zoom_ms"]) == 6 and st["errors"] == []
+
+
+def test_sub_pixel_ops_are_merged_per_pixel(tmp_path):
+    from tracekit.schema import frame_from_rows
+
+    from ._util import k
+
+    # 5000 ops of 1 µs every 2 µs on one stream: far below one pixel at the 10 ms view
+    rows = [k(0, 7, 2 * i, 1, f"tiny{i % 3}", ("moe_gemm", "attention")[i % 2]) for i in range(5000)]
+    rows.append(k(0, 7, 10_500, 2_000, "long_one", "dense_gemm"))
+    out = tmp_path / "lod.html"
+    render_timeline(frame_from_rows(rows), {}, None, out, window="0ms:13ms")
+    st = pre_json(run_page(out), "tk-status")
+    assert st["ok"] and st["errors"] == []
+    assert st["segments"] == 5001  # all ops are in the payload ...
+    lod = st["lod"]
+    assert lod["merged"] >= 4900 and lod["drawn"] < 1500  # ... but drawn as ≤ 1 segment per pixel column

@@ -77,6 +77,8 @@ function lighten(hex, f) {
 }
 
 var P = JSON.parse(document.getElementById('tk-data').textContent);
+var gd = document.getElementById('tk-plot');
+window.tkTimeline = {gd: gd, payload: P, status: STATUS};
 var CATS = P.cats, COLORS = P.colors, NC = CATS.length;
 var traces = [], layout, axN = 0, top = 0, GAP = 28;
 var D = P.detail, OV = P.overview;
@@ -233,7 +235,7 @@ function segTrace(ax, xs, ys, color, width, name, group, legend) {
 function hoverTrace(ax, xs, ys, text, color, group, size) {
   return {type: 'scattergl', mode: 'markers', x: xs, y: ys, text: text, xaxis: ax.x, yaxis: ax.y,
           hovertemplate: '%{text}<extra></extra>', legendgroup: group, showlegend: false,
-          marker: {symbol: 'line-ns-open', size: size, color: color, line: {width: 1, color: color}}};
+          marker: {size: 1, color: 'rgba(0,0,0,0)'}};
 }
 // segments of [s, s + d) µs offsets → ms arrays with NaN separators
 function segments(idx, start, dur, laneArr, x0, dy) {
@@ -321,30 +323,100 @@ function buildDetail(ax) {
     for (i = 0; i < C.n; i++) collOf[cidx[i]] = i;
   }
   var KIND = ['kernel', 'memcpy', 'memset'];
-  var byCat = [];
-  for (var c = 0; c < NC; c++) byCat.push([]);
-  for (i = 0; i < n; i++) byCat[kc[i]].push(i);
-  for (c = 0; c < NC; c++) {
-    var idx = byCat[c];
-    if (!idx.length) continue;
-    var sg = segments(idx, ks, kd, kl, x0), md = mids(idx, ks, kd, kl, x0), text = new Array(idx.length);
-    for (i = 0; i < idx.length; i++) {
-      k = idx[i];
-      var t = '<b>' + D.names[kn[k]] + '</b><br>' + CATS[c] + ' · ' + KIND[kk[k]] + ' · ' + fmtDur(kd[k]) +
-              '<br>start ' + fmtMs(x0 + ks[k] / 1000) + ' · ' + lanes[kl[k]].label;
-      if (kg[k]) t += '<br>' + D.cfgs[kg[k]];
-      if (kst[k] >= 0) t += '<br>step ' + kst[k];
-      if (collOf && collOf[k] >= 0) {
-        var q = collOf[k];
-        t += '<br>collective pg ' + C.pgs[cpg[q]] + ' seq ' + cseq[q] + ' · ' + cnr[q] + ' ranks' +
-             '<br>wait ' + fmtDur(cw[q]) + ' · transfer ' + fmtDur(Math.max(kd[k] - cw[q], 0)) +
-             (clate[q] >= 0 ? ' · last to arrive: rank ' + clate[q] : '');
-      }
-      text[i] = t;
+  function kernelText(k) {
+    var t = '<b>' + D.names[kn[k]] + '</b><br>' + CATS[kc[k]] + ' · ' + KIND[kk[k]] + ' · ' + fmtDur(kd[k]) +
+            '<br>start ' + fmtMs(x0 + ks[k] / 1000) + ' · ' + lanes[kl[k]].label;
+    if (kg[k]) t += '<br>' + D.cfgs[kg[k]];
+    if (kst[k] >= 0) t += '<br>step ' + kst[k];
+    if (collOf && collOf[k] >= 0) {
+      var q = collOf[k];
+      t += '<br>collective pg ' + C.pgs[cpg[q]] + ' seq ' + cseq[q] + ' · ' + cnr[q] + ' ranks' +
+           '<br>wait ' + fmtDur(cw[q]) + ' · transfer ' + fmtDur(Math.max(kd[k] - cw[q], 0)) +
+           (clate[q] >= 0 ? ' · last to arrive: rank ' + clate[q] : '');
     }
-    traces.push(segTrace(ax, sg[0], sg[1], COLORS[c], LW, CATS[c], 'cat' + c, true));
-    traces.push(hoverTrace(ax, md[0], md[1], text, COLORS[c], 'cat' + c, LW));
+    return t;
   }
+  // ops are sorted by (lane, start): per-lane index ranges for binary search
+  var laneLo = new Int32Array(nLanes + 1).fill(-1);
+  for (i = n - 1; i >= 0; i--) laneLo[kl[i]] = i;
+  laneLo[nLanes] = n;
+  for (i = nLanes - 1; i >= 0; i--) if (laneLo[i] < 0) laneLo[i] = laneLo[i + 1];
+  var maxDur = 0;
+  for (i = 0; i < n; i++) if (kd[i] > maxDur) maxDur = kd[i];
+  // Level of detail for the current x range: ops at least MIN_PX wide are drawn exactly; narrower ops
+  // that fall in the same pixel column of a lane are merged into one ≥1 px segment coloured by the
+  // category with most busy time there (nsys-style). Only ops near the visible range are drawn.
+  var MIN_PX = 1.5;
+  function buildLOD(lo, hi) {
+    var plotW = (gd._fullLayout && gd._fullLayout._size) ? gd._fullLayout._size.w : Math.max(400, gd.clientWidth - 164);
+    var msPerPx = (hi - lo) / Math.max(plotW, 100), span = hi - lo;
+    var vlo = (lo - span * 0.25 - x0) * 1000, vhi = (hi + span * 0.25 - x0) * 1000;  // µs offsets
+    var segX = [], segY = [], hx = [], hy = [], ht = [], c2;
+    for (c2 = 0; c2 < NC; c2++) { segX.push([]); segY.push([]); hx.push([]); hy.push([]); ht.push([]); }
+    var busy = new Float64Array(NC), drawn = 0, merged = 0;
+    for (var L = 0; L < nLanes; L++) {
+      var a = laneLo[L], b = laneLo[L + 1];
+      if (a >= b) continue;
+      // first op that may be visible: start >= vlo - maxDur
+      var lo2 = a, hi2 = b, target = vlo - maxDur;
+      while (lo2 < hi2) { var m = (lo2 + hi2) >> 1; if (ks[m] < target) lo2 = m + 1; else hi2 = m; }
+      var col = -1e18, bS = 0, bE = 0, bN = 0, bLong = -1;
+      var flush = function () {
+        if (bN === 0) return;
+        var best = 0;
+        for (var q = 1; q < NC; q++) if (busy[q] > busy[best]) best = q;
+        var s0 = x0 + bS / 1000, e0 = Math.max(x0 + bE / 1000, s0 + msPerPx);
+        segX[best].push(s0, e0, NaN); segY[best].push(L, L, NaN);
+        hx[best].push((s0 + e0) / 2); hy[best].push(L);
+        ht[best].push(bN === 1 ? kernelText(bLong) : bN + ' ops merged (zoom in) · busy ' + fmtDur(busy.reduce(function (u, v) { return u + v; }, 0)) +
+                      '<br>longest: ' + kernelText(bLong));
+        for (q = 0; q < NC; q++) busy[q] = 0;
+        merged += bN > 1 ? bN : 0; drawn += 1; bN = 0; bLong = -1;
+      };
+      for (var j = lo2; j < b; j++) {
+        var st = ks[j], du = kd[j];
+        if (st > vhi) break;
+        if (st + du < vlo) continue;
+        var sMs = x0 + st / 1000;
+        if (du / 1000 >= MIN_PX * msPerPx) {
+          var e1 = sMs + du / 1000, cc = kc[j];
+          segX[cc].push(sMs, e1, NaN); segY[cc].push(L, L, NaN);
+          hx[cc].push(sMs + du / 2000); hy[cc].push(L); ht[cc].push(kernelText(j));
+          drawn += 1;
+          continue;
+        }
+        var cl = Math.floor((sMs - lo) / msPerPx);
+        if (cl !== col) { flush(); col = cl; bS = st; bE = st + du; }
+        busy[kc[j]] += du; bN += 1; if (st + du > bE) bE = st + du;
+        if (bLong < 0 || du > kd[bLong]) bLong = j;
+      }
+      flush();
+    }
+    STATUS.lod = {drawn: drawn, merged: merged};
+    return {segX: segX, segY: segY, hx: hx, hy: hy, ht: ht};
+  }
+  var catTrace = [];
+  var lod0 = buildLOD(D.x0_ms, D.x1_ms);
+  for (var c = 0; c < NC; c++) {
+    catTrace.push(traces.length);
+    traces.push(segTrace(ax, lod0.segX[c], lod0.segY[c], COLORS[c], LW, CATS[c], 'cat' + c, true));
+    traces.push(hoverTrace(ax, lod0.hx[c], lod0.hy[c], lod0.ht[c], COLORS[c], 'cat' + c, LW));
+  }
+  var busyLOD = false;
+  window.tkTimeline.relod = function () {
+    var xa = gd._fullLayout[ax.x.replace('x', 'xaxis')];
+    if (!xa || busyLOD) return Promise.resolve();
+    var r = xa.range, lod = buildLOD(r[0], r[1]), upd = {x: [], y: [], text: []}, idx = [];
+    for (var c3 = 0; c3 < NC; c3++) {
+      var ti = catTrace[c3];
+      idx.push(ti, ti + 1);
+      upd.x.push(lod.segX[c3], lod.hx[c3]); upd.y.push(lod.segY[c3], lod.hy[c3]); upd.text.push(null, lod.ht[c3]);
+    }
+    busyLOD = true;
+    return Plotly.restyle(gd, upd, idx).then(function () { busyLOD = false; },
+                                             function (e) { busyLOD = false; throw e; });
+  };
+  window.tkTimeline.detailKey = ax.x.replace('x', 'xaxis');
   STATUS.segments += n;
   // collective wait overlay + links
   if (C) {
@@ -390,9 +462,9 @@ function buildDetail(ax) {
   }
 }
 
-var gd = document.getElementById('tk-plot');
 STATUS.traces = traces.length;
-window.tkTimeline = {gd: gd, payload: P, status: STATUS, detailAxis: detAx, overviewAxis: ovAx};
+window.tkTimeline.detailAxis = detAx;
+window.tkTimeline.overviewAxis = ovAx;
 // detail-lane positions {x (ms), y (lane)} of the ops whose (escaped) name is `name` (tests, console use)
 window.tkTimeline.opsNamed = function (name) {
   var K = D.kernels, code = D.names.indexOf(name), out = [];
@@ -418,7 +490,7 @@ function zoomSteps(axName, lo, hi, n) {
       chain = chain.then(function () {
         var t = performance.now(), upd = {};
         upd[axName + '.range'] = [mid - half * f, mid + half * f];
-        return Plotly.relayout(gd, upd).then(function () {
+        return Plotly.relayout(gd, upd).then(function () { return window.tkTimeline.pending; }).then(function () {
           var t1 = performance.now(); flushGL(); out.push([t1 - t, performance.now() - t]);
         });
       });
@@ -452,6 +524,16 @@ document.addEventListener('click', function (ev) {
 try {
   Plotly.newPlot(gd, traces, layout, {displaylogo: false, responsive: true,
                                        modeBarButtonsToRemove: ['select2d', 'lasso2d']}).then(function () {
+    window.tkTimeline.pending = Promise.resolve();
+    if (window.tkTimeline.relod) {
+      var key = window.tkTimeline.detailKey;
+      gd.on('plotly_relayout', function (ev) {
+        if (!ev) return;
+        var hit = false;
+        Object.keys(ev).forEach(function (k2) { if (k2.indexOf(key + '.range') === 0 || k2 === key + '.autorange') hit = true; });
+        if (hit) window.tkTimeline.pending = window.tkTimeline.relod();
+      });
+    }
     flushGL();
     STATUS.render_ms = performance.now();
     STATUS.script_ms = performance.now() - T0;
