@@ -89,6 +89,7 @@ def convert_source(src: Source, rules_path: str | None, part_dir: str) -> list[d
                 "part": part,
                 "rows": df.height,
                 "gpu_ops": gpu.height,
+                "cpu_device_ops": 0 if gpu.height else df.filter(pl.col("category").is_not_null()).height,
                 "first_ts_ns": int(df["ts_ns"].min()) if df.height else None,
                 "last_end_ns": int((df["ts_ns"] + df["dur_ns"]).max()) if df.height else None,
                 "devices": sorted({int(d) for d in gpu["device"].drop_nulls().unique().to_list()}),
@@ -243,7 +244,12 @@ def convert(
             for q in m.get("quality") or []:
                 quality.add(q["code"], q["message"], severity=q.get("severity", "warning"), rank=m["rank"])
         if not any(m["gpu_ops"] for m in metas):
-            quality.add("no_gpu_events", "the trace has no GPU kernels, copies or memsets; analyses of GPU time will be empty")
+            if any(m.get("cpu_device_ops") for m in metas):  # CPU mode (docs/cpu_mode.md)
+                md["device_mode"] = "cpu"
+                quality.add("no_gpu_events", "the trace has no GPU kernels, copies or memsets; CPU mode: operators on the "
+                            "forward thread and gloo collectives stand in for device work (docs/cpu_mode.md)", severity="info")
+            else:
+                quality.add("no_gpu_events", "the trace has no GPU kernels, copies or memsets; analyses of GPU time will be empty")
         offsets, align_info = _align(metas, ranks, quality, align)
         _check_skew(metas, offsets, quality)
         rows = 0
@@ -308,7 +314,8 @@ def _check_empty(metas: list[dict[str, Any]], quality: QualityLog) -> None:
     if not empty:
         return
     if len(empty) == len(metas):
-        names = ", ".join(Path(m["source_file"]).name for m in empty[:4]) + (" ..." if len(empty) > 4 else "")
+        names = empty[0]["source_file"] if len(empty) == 1 else (
+            ", ".join(Path(m["source_file"]).name for m in empty[:4]) + (" ..." if len(empty) > 4 else ""))
         raise InputError(
             f"{names}: the trace has no events; the profiler recorded nothing (check its schedule and that the workload ran while it was active)"
         )
