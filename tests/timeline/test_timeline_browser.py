@@ -99,13 +99,13 @@ def test_sub_pixel_ops_are_merged_per_pixel(tmp_path):
 
     from ._util import k
 
-    # 5000 ops of 1 µs every 2 µs on one stream: far below one pixel at the 10 ms view
-    rows = [k(0, 7, 2 * i, 1, f"tiny{i % 3}", ("moe_gemm", "attention")[i % 2]) for i in range(5000)]
-    rows.append(k(0, 7, 10_500, 2_000, "long_one", "dense_gemm"))
+    # 25000 ops of 1 µs every 2 µs on one stream (> 20000: level of detail on): far below a pixel at 53 ms
+    rows = [k(0, 7, 2 * i, 1, f"tiny{i % 3}", ("moe_gemm", "attention")[i % 2]) for i in range(25000)]
+    rows.append(k(0, 7, 50_500, 2_000, "long_one", "dense_gemm"))
     out = tmp_path / "lod.html"
-    render_timeline(frame_from_rows(rows), {}, None, out, window="0ms:13ms")
+    render_timeline(frame_from_rows(rows), {}, None, out, window="0ms:53ms")
     st = pre_json(run_page(out), "tk-status")
     assert st["ok"] and st["errors"] == []
-    assert st["segments"] == 5001  # all ops are in the payload ...
+    assert st["segments"] == 25001  # all ops are in the payload ...
     lod = st["lod"]
-    assert lod["merged"] >= 4900 and lod["drawn"] < 1500  # ... but drawn as ≤ 1 segment per pixel column
+    assert lod["merged"] >= 24900 and lod["drawn"] < 1500  # ... but drawn as ≤ 1 segment per pixel column

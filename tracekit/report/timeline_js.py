@@ -346,11 +346,12 @@ function buildDetail(ax) {
   // Level of detail for the current x range: ops at least MIN_PX wide are drawn exactly; narrower ops
   // that fall in the same pixel column of a lane are merged into one ≥1 px segment coloured by the
   // category with most busy time there (nsys-style). Only ops near the visible range are drawn.
-  var MIN_PX = 1.5;
+  // Small windows (≤ LOD_MIN_OPS ops) are drawn exactly once: a zoom is then one relayout, no restyle.
+  var LOD_MIN_OPS = 20000, LOD_ON = n > LOD_MIN_OPS, MIN_PX = LOD_ON ? 1.5 : 0;
   function buildLOD(lo, hi) {
     var plotW = (gd._fullLayout && gd._fullLayout._size) ? gd._fullLayout._size.w : Math.max(400, gd.clientWidth - 164);
     var msPerPx = (hi - lo) / Math.max(plotW, 100), span = hi - lo;
-    var vlo = (lo - span * 0.25 - x0) * 1000, vhi = (hi + span * 0.25 - x0) * 1000;  // µs offsets
+    var vlo = LOD_ON ? (lo - span * 0.25 - x0) * 1000 : -Infinity, vhi = LOD_ON ? (hi + span * 0.25 - x0) * 1000 : Infinity;
     var segX = [], segY = [], hx = [], hy = [], ht = [], c2;
     for (c2 = 0; c2 < NC; c2++) { segX.push([]); segY.push([]); hx.push([]); hy.push([]); ht.push([]); }
     var busy = new Float64Array(NC), drawn = 0, merged = 0;
@@ -403,7 +404,7 @@ function buildDetail(ax) {
     traces.push(hoverTrace(ax, lod0.hx[c], lod0.hy[c], lod0.ht[c], COLORS[c], 'cat' + c, LW));
   }
   var busyLOD = false;
-  window.tkTimeline.relod = function () {
+  if (LOD_ON) window.tkTimeline.relod = function () {
     var xa = gd._fullLayout[ax.x.replace('x', 'xaxis')];
     if (!xa || busyLOD) return Promise.resolve();
     var r = xa.range, lod = buildLOD(r[0], r[1]), upd = {x: [], y: [], text: []}, idx = [];
