@@ -166,14 +166,14 @@ def covered_by(
 def _enclosing(pts: pl.DataFrame, iv: pl.DataFrame, keys: list[str], at: str) -> pl.DataFrame:
     """Points whose latest-starting interval has ended: match the open interval at their depth."""
     iv = iv.with_row_index("_id")
-    starts = iv.select(keys + [pl.col("_s").alias("_t"), pl.lit(1).alias("_d"), pl.lit(1).alias("_o"), (-pl.col("_e")).alias("_x"), "_id"])
-    ends = iv.select(keys + [pl.col("_e").alias("_t"), pl.lit(-1).alias("_d"), pl.lit(0).alias("_o"), pl.lit(0, dtype=pl.Int64).alias("_x"), "_id"])
-    ev = pl.concat([starts, ends.with_columns(pl.col("_x").cast(starts.schema["_x"]))]).sort(keys + ["_t", "_o", "_x"])
+    starts = iv.select(keys + [pl.col("_s").alias("__tev"), pl.lit(1).alias("_d"), pl.lit(1).alias("_o"), (-pl.col("_e")).alias("_x"), "_id"])
+    ends = iv.select(keys + [pl.col("_e").alias("__tev"), pl.lit(-1).alias("_d"), pl.lit(0).alias("_o"), pl.lit(0, dtype=pl.Int64).alias("_x"), "_id"])
+    ev = pl.concat([starts, ends.with_columns(pl.col("_x").cast(starts.schema["_x"]))]).sort(keys + ["__tev", "_o", "_x"])
     depth = pl.col("_d").cum_sum()
     ev = ev.with_columns((depth.over(keys) if keys else depth).alias("_depth"))
-    p = pts.join_asof(ev.select(keys + ["_t", "_depth"]), left_on=at, right_on="_t", by=keys or None,
-                      strategy="backward", check_sortedness=False).drop("_t")
-    open_at = ev.filter(pl.col("_d") == 1).select(keys + ["_t", "_depth", "_id"])
-    p = p.sort(keys + [at]).join_asof(open_at, left_on=at, right_on="_t", by=keys + ["_depth"],
-                                     strategy="backward", check_sortedness=False).drop(["_t", "_depth"])
+    p = pts.join_asof(ev.select(keys + ["__tev", "_depth"]), left_on=at, right_on="__tev", by=keys or None,
+                      strategy="backward", check_sortedness=False).drop("__tev")
+    open_at = ev.filter(pl.col("_d") == 1).select(keys + ["__tev", "_depth", "_id"])
+    p = p.sort(keys + [at]).join_asof(open_at, left_on=at, right_on="__tev", by=keys + ["_depth"],
+                                     strategy="backward", check_sortedness=False).drop(["__tev", "_depth"])
     return p.join(iv.drop(keys), on="_id", how="left").drop("_id")
