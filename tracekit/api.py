@@ -15,7 +15,8 @@ from tracekit._errors import QualityLog
 from tracekit.analysis.breakdown import compute_breakdown, top_kernels, uncategorized_top
 from tracekit.analysis.window import Window, parse_time_range, select_window
 from tracekit.ingest.convert import ConvertResult, convert
-from tracekit.schema import read_trace
+from tracekit._errors import InputError
+from tracekit.schema import read_metadata, scan_trace
 
 __all__ = ["analyze", "analyze_frame", "convert", "ConvertResult", "ANALYSIS_VERSION"]
 
@@ -34,7 +35,19 @@ def analyze(
     cross_rank: bool = True,
 ) -> dict[str, Any]:
     """Analyze a ``trace.parquet``; returns the ``--json`` object (see docs/analyze_json.md)."""
-    df, meta = read_trace(path, ranks=ranks)
+    meta = read_metadata(path)
+    lf = scan_trace(path)
+    if ranks is not None:
+        lf = lf.filter(pl.col("rank").is_in(list(ranks)))
+    # CPU operator rows are half of a typical trace; analyses need only those carrying shapes
+    # (kernel efficiency) or a category (CPU mode)
+    kind = pl.col("kind").cast(pl.String)
+    lf = lf.filter((kind != "cpu_op") | pl.col("input_dims").is_not_null() | pl.col("category").is_not_null()
+                   | (pl.col("name").cast(pl.String) == "record_param_comms"))
+    try:
+        df = lf.collect()
+    except Exception as e:  # noqa: BLE001
+        raise InputError(f"{path}: unreadable trace data ({type(e).__name__}: {e}); re-convert the source") from None
     res = analyze_frame(df, meta, window=window, skip_steps=skip_steps, trim_transient=trim_transient, top=top, cross_rank=cross_rank)
     res["trace"] = str(path)
     return res
