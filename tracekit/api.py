@@ -43,6 +43,7 @@ def analyze(
     # (kernel efficiency) or a category (CPU mode)
     kind = pl.col("kind").cast(pl.String)
     lf = lf.filter((kind != "cpu_op") | pl.col("input_dims").is_not_null() | pl.col("category").is_not_null()
+                   | pl.col("family").is_not_null()  # CPU mode: host readbacks (family host_sync.cpu, no category)
                    | (pl.col("name").cast(pl.String) == "record_param_comms"))
     try:
         df = lf.collect()

@@ -27,6 +27,7 @@ import json
 import polars as pl
 
 from tracekit._errors import Quality, QualityLog
+from tracekit.analysis.window import cpu_device_expr
 
 __all__ = [
     "collective_ops",
@@ -58,10 +59,11 @@ _COMM_FAMILY = r"^(allreduce|collective)\."
 
 
 def collective_ops(df: pl.DataFrame) -> pl.DataFrame:
-    """GPU kernels that are collectives (category ``communication`` or an allreduce/collective family)."""
+    """GPU kernels that are collectives (category ``communication`` or an allreduce/collective family);
+    in CPU mode gloo's one range per collective (docs/cpu_mode.md; the issuing ``c10d::`` op has no category)."""
     fam = pl.col("family").cast(pl.String)
     is_coll = (pl.col("category").cast(pl.String) == "communication") | fam.str.contains(_COMM_FAMILY)
-    return df.filter((pl.col("kind").cast(pl.String) == "kernel") & is_coll.fill_null(False))
+    return df.filter(((pl.col("kind").cast(pl.String) == "kernel") | cpu_device_expr()) & is_coll.fill_null(False))
 
 
 def _norm_coll_name() -> pl.Expr:

@@ -23,6 +23,7 @@ from tracekit.analysis.pcie import pcie_phases
 from tracekit.analysis.power import power_verdicts
 from tracekit.analysis.stalls import MIN_REL_STEP, MIN_WAIT_NS, detect_stalls, lost_by_rank, stall_summary
 from tracekit.analysis.steps import step_stats
+from tracekit.analysis.window import device_ops
 
 __all__ = ["cross_rank_sections", "SECTION_KEYS"]
 
@@ -33,6 +34,12 @@ _CAUSE_WORDS = {
     "host_sync": "it was blocked in a host sync",
     "cpu_launch_gap": "its CPU launched late (GPU idle, no sync)",
     "preceding_kernels": "its own kernels ran longer",
+}
+#: CPU mode (docs/cpu_mode.md): the forward thread is the "device", so causes read differently
+_CPU_WORDS = {
+    "cpu_launch_gap": "its forward thread was busy elsewhere or sleeping (no operator, no readback)",
+    "launch_bound": "in host overhead between operators (Python, dispatcher)",
+    "host_sync": "around host readbacks (.item(), .tolist())",
 }
 _IDLE_WORDS = {
     "between_steps": "between forward steps (scheduler/host)",
@@ -165,11 +172,12 @@ def cross_rank_sections(df: pl.DataFrame, meta: Mapping[str, Any], opts: Mapping
 def _findings(out: dict[str, Any], residual: int | None, inst: pl.DataFrame, idle: Any, pcie: pl.DataFrame,
               pw: Any, st: Any, eff: pl.DataFrame, wdf: pl.DataFrame, observed: dict[int, int] | None = None) -> list[str]:
     found: list[tuple[float, str]] = []  # (importance in ns, sentence)
+    cpu = wdf.height > 0 and wdf.filter(pl.col("kind").cast(pl.String).is_in(["kernel", "memcpy", "memset"])).height == 0
     # stalls: who waited for whom, and why
     ssum = out["collectives"]["stall_summary"]
     for row in ssum[:5]:
         waiting = ", ".join(str(r) for r in row["waiting_ranks"])
-        why = _CAUSE_WORDS.get(row["cause"], row["cause"])
+        why = (_CPU_WORDS if cpu and row["cause"] == "cpu_launch_gap" else _CAUSE_WORDS).get(row["cause"], row["cause"])
         det = f" ({_short(row['top_detail'])})" if row.get("top_detail") and row["cause"] in ("host_sync", "preceding_kernels") else ""
         found.append((row["lost_ns"], f"Rank(s) {waiting} lost {_ms(row['lost_ns'])} in {row['count']} collective wait(s) "
                                       f"for rank {row['late_rank']}: {why}{det}."))
@@ -185,7 +193,7 @@ def _findings(out: dict[str, Any], residual: int | None, inst: pl.DataFrame, idl
                                               f"({_ms(r['wait_ns'])} of {_ms(r['kernel_ns'])}) is waiting on peers."))
     # idle causes
     if idle.totals.height:
-        span = wdf.filter(pl.col("kind").cast(pl.String).is_in(["kernel", "memcpy", "memset"])).group_by("rank").agg(
+        span = device_ops(wdf).group_by("rank").agg(
             ((pl.col("ts_ns") + pl.col("dur_ns")).max() - pl.col("ts_ns").min()).alias("w"))
         wmap = {int(r): int(w) for r, w in zip(span["rank"].to_list(), span["w"].to_list())}
         if observed:
@@ -193,8 +201,10 @@ def _findings(out: dict[str, Any], residual: int | None, inst: pl.DataFrame, idl
         for row in idle.totals.filter(pl.col("cause") != "waiting_on_peer").sort("total_ns", descending=True).head(4).iter_rows(named=True):
             w = wmap.get(int(row["rank"]), 0)
             if w and row["total_ns"] / w >= 0.05:
-                found.append((row["total_ns"], f"Rank {row['rank']} GPU idle {_ms(row['total_ns'])} ({row['total_ns'] / w:.0%} of its window) "
-                                               f"{_IDLE_WORDS.get(row['cause'], row['cause'])}, {row['count']} gap(s)."))
+                c = row["cause"]
+                words = _CPU_WORDS[c] if cpu and c in _CPU_WORDS else _IDLE_WORDS.get(c, c)
+                found.append((row["total_ns"], f"Rank {row['rank']} {'idle (CPU mode)' if cpu else 'GPU idle'} {_ms(row['total_ns'])} "
+                                               f"({row['total_ns'] / w:.0%} of its window) {words}, {row['count']} gap(s)."))
     # PCIe
     if pcie.height:
         tot = int(pcie["dur_ns"].sum())

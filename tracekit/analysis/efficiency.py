@@ -25,6 +25,7 @@ from typing import Any, Mapping
 import polars as pl
 
 from tracekit.analysis import intervals as iv
+from tracekit.analysis.window import cpu_device_expr
 from tracekit.analysis.gpus import GpuPeaks, gpu_peaks, peak_flops_per_s, rank_gpu_info
 
 __all__ = ["kernel_efficiency", "gemm_flops_bytes", "GEMM_OPS"]
@@ -121,8 +122,12 @@ def kernel_efficiency(
     )
     ops = ops.join(sig, on=["op", "input_dims", "input_types"], how="left", nulls_equal=True).filter(pl.col("flops").is_not_null())
     # kernel → innermost GEMM op whose CPU range contains the kernel's launch call (same rank and thread)
-    ker = df.filter((kind == "kernel") & pl.col("launch_ts_ns").is_not_null()).select(
-        pl.col("rank").cast(pl.Int64), pl.col("launch_tid").alias("tid"), "launch_ts_ns", "dur_ns",
+    # CPU mode: the categorized operator is its own "kernel", issued at its start on its thread
+    cpu = cpu_device_expr() & (kind == "cpu_op")
+    ker = df.filter(((kind == "kernel") & pl.col("launch_ts_ns").is_not_null()) | cpu).select(
+        pl.col("rank").cast(pl.Int64),
+        pl.when(cpu).then(pl.col("tid")).otherwise(pl.col("launch_tid")).alias("tid"),
+        pl.when(cpu).then(pl.col("ts_ns")).otherwise(pl.col("launch_ts_ns")).alias("launch_ts_ns"), "dur_ns",
         pl.col("name").cast(pl.String).alias("kernel"), pl.col("category").cast(pl.String),
     )
     j = iv.covered_by(ker, ops.select("rank", "tid", "start", "end", "op_id"), by=["rank", "tid"], at="launch_ts_ns", payload=["op_id"])

@@ -1,7 +1,8 @@
 """GPU idle gaps per rank, each attributed to one cause.
 
 A gap is a stretch of a rank's window with no GPU op (kernel, memcpy, memset) on
-any stream. Causes, first match wins:
+any stream — in CPU mode, no categorized operator on the forward thread and no gloo
+collective (docs/cpu_mode.md). Causes, first match wins:
 
 ``between_steps``
     the ops on both sides belong to different steps (``step_id``), or a step
@@ -31,9 +32,10 @@ from typing import Any, Mapping
 import polars as pl
 
 from tracekit.analysis import intervals as iv
+from tracekit.analysis.window import device_op_expr
 from tracekit.schema import GPU_OP_KINDS
 
-__all__ = ["IdleCauses", "idle_causes", "gpu_ops", "sync_calls", "busy_before", "asof", "SYNC_REGEX", "IDLE_CAUSES"]
+__all__ = ["IdleCauses", "idle_causes", "gpu_ops", "sync_calls", "busy_before", "asof", "SYNC_REGEX", "IDLE_CAUSES", "CPU_SYNC_FAMILY"]
 
 #: blocking host calls (version suffixes like ``_v3020`` allowed)
 SYNC_REGEX = (
@@ -42,11 +44,14 @@ SYNC_REGEX = (
     r"|hip(Stream|Device|Event)Synchronize|hipMemcpy)(_v\d+)?$"
 )
 IDLE_CAUSES = ("between_steps", "host_sync", "launch_bound", "other", "waiting_on_peer")
+#: CPU mode: family of the top-level host readbacks on the forward thread (docs/cpu_mode.md)
+CPU_SYNC_FAMILY = "host_sync.cpu"
 
 
 def gpu_ops(df: pl.DataFrame) -> pl.DataFrame:
-    """GPU op rows with ``start``/``end`` columns, rank as Int64."""
-    return df.filter(pl.col("kind").cast(pl.String).is_in(list(GPU_OP_KINDS)) & (pl.col("dur_ns") >= 0)).with_columns(
+    """Device op rows (GPU ops, or CPU-mode rows: :func:`tracekit.analysis.window.device_op_expr`)
+    with ``start``/``end`` columns, rank as Int64."""
+    return df.filter(device_op_expr() & (pl.col("dur_ns") >= 0)).with_columns(
         pl.col("rank").cast(pl.Int64), pl.col("ts_ns").alias("start"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("end")
     )
 
@@ -73,9 +78,11 @@ def busy_before(ops: pl.DataFrame, points: pl.DataFrame, *, by: str = "rank", at
 
 
 def sync_calls(df: pl.DataFrame) -> pl.DataFrame:
-    """Blocking runtime calls: ``rank, s_start, s_end, s_name``."""
+    """Blocking runtime calls: ``rank, s_start, s_end, s_name``; in CPU mode the host readbacks
+    (``aten::item`` ...) the converter marked with family ``host_sync.cpu``."""
+    cpu_sync = (pl.col("kind").cast(pl.String) == "cpu_op") & (pl.col("family").cast(pl.String) == CPU_SYNC_FAMILY)
     return df.filter(
-        (pl.col("kind").cast(pl.String) == "runtime") & pl.col("name").cast(pl.String).str.contains(SYNC_REGEX)
+        ((pl.col("kind").cast(pl.String) == "runtime") & pl.col("name").cast(pl.String).str.contains(SYNC_REGEX)) | cpu_sync.fill_null(False)
     ).select(
         pl.col("rank").cast(pl.Int64),
         pl.col("ts_ns").alias("s_start"),
@@ -140,7 +147,9 @@ def idle_causes(
     prev = ops.select("rank", pl.col("end").alias("p_end"), pl.col("step_id").alias("p_step")).sort(["rank", "p_end"])
     nxt = ops.select(
         "rank", pl.col("start").alias("n_start"), pl.col("step_id").alias("n_step"), pl.col("name").cast(pl.String).alias("next_name"),
-        (pl.col("launch_ts_ns") + pl.col("launch_dur_ns").fill_null(0)).alias("n_launch_end"),
+        # CPU mode: an operator runs when it is issued, so its start is its "launch end"
+        pl.coalesce(pl.col("launch_ts_ns") + pl.col("launch_dur_ns").fill_null(0),
+                    pl.when(~pl.col("kind").cast(pl.String).is_in(list(GPU_OP_KINDS))).then(pl.col("start"))).alias("n_launch_end"),
     ).sort(["rank", "n_start"])
     g = asof(g, prev, "start", "p_end", "rank")
     g = asof(g, nxt, "end", "n_start", "rank", "forward")

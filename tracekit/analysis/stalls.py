@@ -115,7 +115,7 @@ def detect_stalls(
     sy = sync_calls(df).rename({"rank": "late_rank"})
     li = asof(li, sy, "t_late", "s_end", "late_rank")
     # late rank's heaviest kernel since the previous sync point
-    ok = ops.filter(pl.col("kind").cast(pl.String) == "kernel").select(
+    ok = ops.filter(~pl.col("kind").cast(pl.String).is_in(["memcpy", "memset"])).select(
         pl.col("rank").alias("late_rank"), "start", "end", pl.col("name").cast(pl.String).alias("k_name")
     )
     win = li.filter(pl.col("skew") > 0).select("pg", "seq", "late_rank", pl.col("idle_from").alias("w0"), "t_late")

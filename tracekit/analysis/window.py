@@ -15,13 +15,38 @@ import polars as pl
 
 from tracekit._errors import QualityLog, UsageError
 
-__all__ = ["Window", "select_window", "observed_spans", "transient_end_ns", "gpu_ops", "parse_time_range"]
+__all__ = ["Window", "select_window", "observed_spans", "transient_end_ns", "gpu_ops", "device_ops", "device_op_expr",
+           "cpu_device_expr", "parse_time_range"]
 
 GPU = ["kernel", "memcpy", "memset"]
+#: row kinds that stand in for device work on a rank without GPU ops (docs/cpu_mode.md)
+CPU_DEVICE_KINDS = ["cpu_op", "range"]
 
 
-def gpu_ops(df: pl.DataFrame) -> pl.DataFrame:
-    return df.filter(pl.col("kind").cast(pl.String).is_in(GPU))
+def cpu_device_expr() -> pl.Expr:
+    """CPU mode rows: ``cpu_op``/``range`` rows with a category, on a rank that has no GPU op.
+
+    The converter categorizes such rows only in CPU mode (forward-thread operators,
+    gloo collectives); the per-rank guard keeps any other CPU row out of GPU traces.
+    """
+    kind = pl.col("kind").cast(pl.String)
+    return (
+        kind.is_in(CPU_DEVICE_KINDS) & pl.col("category").is_not_null() & ~kind.is_in(GPU).any().over("rank")
+    )
+
+
+def device_op_expr() -> pl.Expr:
+    """THE predicate for "device work": GPU ops (kernel, memcpy, memset), or CPU-mode rows (:func:`cpu_device_expr`)."""
+    return pl.col("kind").cast(pl.String).is_in(GPU) | cpu_device_expr()
+
+
+def device_ops(df: pl.DataFrame) -> pl.DataFrame:
+    """Rows that are device work (:func:`device_op_expr`); every analysis selects ops through this."""
+    return df.filter(device_op_expr())
+
+
+#: kept name: analyses written for GPU traces call this; it includes CPU-mode rows
+gpu_ops = device_ops
 
 
 @dataclass(frozen=True)

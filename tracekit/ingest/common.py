@@ -13,7 +13,11 @@
 4. collective metadata from ``record_param_comms`` is attached to the GPU
    collective it launched, ``coll_name`` is inferred from kernel names when
    missing, and ``coll_seq`` numbers collectives within (rank, group),
-5. ``step_id`` is set on runtime rows and GPU ops launched inside a step.
+5. ``step_id`` is set on runtime rows and GPU ops launched inside a step,
+6. CPU mode: a rank with no GPU op gets categories on the rows that stand in
+   for device work — top-level operators on the forward thread and gloo's
+   per-collective ranges (:func:`_cpu_mode`, docs/cpu_mode.md); steps 3-5 then
+   treat them like GPU ops.
 
 Everything is vectorized (joins, ``join_asof``); the function is pure.
 """
@@ -26,7 +30,7 @@ from tracekit.analysis.intervals import covered_by
 from tracekit.categories import RuleSet, default_rules
 from tracekit.schema import conform
 
-__all__ = ["finalize_rank", "STEP_PATTERNS", "parse_steps"]
+__all__ = ["finalize_rank", "STEP_PATTERNS", "parse_steps", "forward_tids", "CPU_GEMM_REGEX", "CPU_ATTENTION_REGEX", "CPU_SYNC_REGEX", "GLOO_REGEX"]
 
 GPU_KINDS = ["kernel", "memcpy", "memset"]
 
@@ -115,6 +119,133 @@ def _launch_join(df: pl.DataFrame) -> pl.DataFrame:
     ).drop(["_lts", "_ldur", "_ltid", "_lname"])
 
 
+# -- CPU mode -----------------------------------------------------------------
+# A rank with no GPU op (a CPU/gloo run) has no device timeline. Its stand-in is
+# the work on the thread that runs the steps, plus gloo's collectives (see
+# docs/cpu_mode.md). Only these rows get a category; everything else stays as read.
+
+#: CPU operator names that are GEMMs (category dense_gemm, family ``gemm.cpu``)
+CPU_GEMM_REGEX = r"^aten::(mm|bmm|addmm|matmul|linear|_grouped_mm|grouped_mm|baddbmm|addbmm|mv|addmv)$"
+#: CPU attention operators (category attention, family ``attention.cpu``)
+CPU_ATTENTION_REGEX = r"^aten::(scaled_dot_product_attention|_scaled_dot_product_\w*attention\w*)$"
+#: host readbacks (``.item()``, ``.tolist()``, ``if t:``): left without category, family ``host_sync.cpu``
+CPU_SYNC_REGEX = r"^aten::(item|_local_scalar_dense|is_nonzero)$"
+#: gloo's own range for one collective, on its worker thread: the op that spans the transfer and the wait
+GLOO_REGEX = r"^gloo:"
+_CPU_OP = r"^[A-Za-z_][A-Za-z0-9_]*::"
+_CPU_NOT_WORK = r"^(c10d|_c10d_functional|c10d_functional|profiler|autograd)::"
+#: collective type from a c10d op / gloo range name, letters only (longest names first)
+_COLL_TYPES = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "barrier", "gather", "scatter", "reduce", "send", "recv")
+CPU_KINDS = ["cpu_op", "range"]
+
+
+def forward_tids(df: pl.DataFrame) -> list[int]:
+    """Threads that run the steps (``tid`` of step rows); else the thread with the most ``cpu_op`` rows."""
+    kind = pl.col("kind").cast(pl.String)
+    tids = df.filter((kind == "step") & pl.col("tid").is_not_null()).get_column("tid").unique().sort().to_list()
+    if tids:
+        return [int(t) for t in tids]
+    busiest = df.filter((kind == "cpu_op") & pl.col("tid").is_not_null()).group_by("tid").len().sort(["len", "tid"], descending=[True, False])
+    return [int(busiest["tid"][0])] if busiest.height else []
+
+
+def _cpu_device_row() -> pl.Expr:
+    """CPU rows that stand in for device work (only :func:`_cpu_mode` gives them a category)."""
+    return pl.col("kind").cast(pl.String).is_in(CPU_KINDS) & pl.col("category").is_not_null()
+
+
+def _coll_type(name: pl.Expr) -> pl.Expr:
+    letters = name.str.to_lowercase().str.replace(r"^[a-z0-9_]*::|^gloo:", "").str.replace_all(r"[^a-z]", "")
+    out = pl.lit(None, dtype=pl.String)
+    for t in reversed(_COLL_TYPES):
+        out = pl.when(letters.str.contains(t)).then(pl.lit(t)).otherwise(out)
+    return out
+
+
+def _cpu_mode(df: pl.DataFrame) -> pl.DataFrame:
+    """Categorize the device-like CPU rows of a rank without GPU ops (no-op when it has GPU ops).
+
+    * top-level ``ns::op`` operators on the forward thread(s) (not nested in another
+      operator, so exactly one is categorized at any instant): GEMMs → dense_gemm,
+      SDPA → attention, others → other_compute (family ``other``); host readbacks get
+      family ``host_sync.cpu`` and no category (their time is idle); ``c10d::`` ops
+      and profiler internals stay uncategorized;
+    * ``gloo:*`` ranges (one per collective, on gloo's worker thread) → communication,
+      family ``allreduce.gloo`` / ``collective.gloo``, linked to the ``c10d::`` op that
+      issued them as their launch (``launch_ts_ns``/``launch_dur_ns``/``launch_tid``/
+      ``launch_name``), so steps and context rules see them on the forward thread.
+    """
+    kind = pl.col("kind").cast(pl.String)
+    if df.filter(kind.is_in(GPU_KINDS)).height:
+        return df
+    name = pl.col("name").cast(pl.String)
+    d = df.with_row_index("_row")
+    upd = []
+    tids = forward_tids(df)
+    if tids:
+        ops = d.filter((kind == "cpu_op") & pl.col("tid").is_in(tids) & (pl.col("dur_ns") >= 0)).select(
+            "_row", "tid", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns")).alias("_end"), name.alias("_n")
+        ).sort(["tid", "ts_ns", "_end"], descending=[False, False, True])
+        prev_end = pl.col("_end").cum_max().shift(1).over("tid")
+        top = ops.filter(prev_end.is_null() | (pl.col("ts_ns") >= prev_end))
+        n = pl.col("_n")
+        work = n.str.contains(_CPU_OP) & ~n.str.contains(_CPU_NOT_WORK) & ~n.str.contains(CPU_SYNC_REGEX)
+        cat = (
+            pl.when(~work).then(pl.lit(None, dtype=pl.String))
+            .when(n.str.contains(CPU_GEMM_REGEX)).then(pl.lit("dense_gemm"))
+            .when(n.str.contains(CPU_ATTENTION_REGEX)).then(pl.lit("attention"))
+            .otherwise(pl.lit("other_compute"))
+        )
+        fam = (
+            pl.when(n.str.contains(CPU_SYNC_REGEX)).then(pl.lit("host_sync.cpu"))
+            .when(~work).then(pl.lit(None, dtype=pl.String))
+            .when(n.str.contains(CPU_GEMM_REGEX)).then(pl.lit("gemm.cpu"))
+            .when(n.str.contains(CPU_ATTENTION_REGEX)).then(pl.lit("attention.cpu"))
+            .otherwise(pl.lit("other"))
+        )
+        top = top.select("_row", cat.alias("_c"), fam.alias("_f")).filter(pl.col("_f").is_not_null())
+        upd.append(top.with_columns(*[pl.lit(None, dtype=t).alias(c) for c, t in _LAUNCH_T.items()]))
+    gloo = d.filter(kind.is_in(CPU_KINDS) & name.str.contains(GLOO_REGEX) & (pl.col("dur_ns") >= 0)).select(
+        "_row", "ts_ns", _coll_type(name).alias("_t"),
+        pl.when(_coll_type(name) == "allreduce").then(pl.lit("allreduce.gloo")).otherwise(pl.lit("collective.gloo")).alias("_f"),
+    )
+    if gloo.height:
+        issue = d.filter((kind == "cpu_op") & name.str.starts_with("c10d::")).select(
+            pl.col("_row").alias("_irow"), pl.col("ts_ns").alias("_its"), _coll_type(name).alias("_t"),
+            pl.col("dur_ns").alias("_ldur"), pl.col("tid").alias("_ltid"), name.alias("_lname"),
+        ).filter(pl.col("_t").is_not_null()).sort("_its")
+        g = gloo.with_columns(pl.col("_t").fill_null("?")).sort("ts_ns").join_asof(
+            issue, left_on="ts_ns", right_on="_its", by="_t", strategy="backward", check_sortedness=False
+        )
+        # an issuing op launches one collective: a second gloo range on the same op is left unlinked
+        first = pl.col("ts_ns") == pl.col("ts_ns").min().over("_irow")
+        linked = pl.col("_irow").is_not_null() & first
+        g = g.select(
+            "_row", pl.lit("communication").alias("_c"), "_f",
+            pl.when(linked).then(pl.col("_its")).alias("_lts"),
+            pl.when(linked).then(pl.col("_ldur")).alias("_ldur"),
+            pl.when(linked).then(pl.col("_ltid")).alias("_ltid"),
+            pl.when(linked).then(pl.col("_lname")).alias("_lname"),
+        )
+        upd.append(g)
+    if not upd:
+        return df
+    u = pl.concat(upd, how="vertical_relaxed")
+    out = d.join(u, on="_row", how="left")
+    hit = pl.col("_f").is_not_null()
+    return out.with_columns(
+        pl.when(hit).then(pl.col("_c")).otherwise(pl.col("category").cast(pl.String)).cast(pl.Categorical).alias("category"),
+        pl.when(hit).then(pl.col("_f")).otherwise(pl.col("family").cast(pl.String)).cast(pl.Categorical).alias("family"),
+        pl.coalesce("launch_ts_ns", "_lts").alias("launch_ts_ns"),
+        pl.coalesce("launch_dur_ns", "_ldur").alias("launch_dur_ns"),
+        pl.coalesce("launch_tid", "_ltid").alias("launch_tid"),
+        pl.coalesce(pl.col("launch_name").cast(pl.String), pl.col("_lname")).cast(pl.Categorical).alias("launch_name"),
+    ).drop(["_row", "_c", "_f", "_lts", "_ldur", "_ltid", "_lname"])
+
+
+_LAUNCH_T = {"_lts": pl.Int64, "_ldur": pl.Int64, "_ltid": pl.Int64, "_lname": pl.String}
+
+
 def _context_rules(df: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:
     if not rules.context:
         return df
@@ -136,11 +267,16 @@ def _context_rules(df: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:
     ranges = ranges.filter(pl.col("rname").is_in(list(rule_of))).with_columns(
         pl.col("rname").replace_strict(rule_of, return_dtype=pl.Int32).alias("_rule")
     )
-    gpu = df.with_row_index("_row").filter(pl.col("kind").cast(pl.String).is_in(GPU_KINDS) & pl.col("launch_ts_ns").is_not_null())
+    is_gpu = pl.col("kind").cast(pl.String).is_in(GPU_KINDS)
+    gpu = df.with_row_index("_row").filter((is_gpu & pl.col("launch_ts_ns").is_not_null()) | _cpu_device_row())
     if gpu.height == 0:
         return df
     hit = covered_by(
-        gpu.select("_row", pl.col("launch_tid").alias("tid"), pl.col("launch_ts_ns").alias("ts")),
+        gpu.select(
+            "_row",
+            pl.when(is_gpu).then(pl.col("launch_tid")).otherwise(pl.coalesce("launch_tid", "tid")).alias("tid"),
+            pl.when(is_gpu).then(pl.col("launch_ts_ns")).otherwise(pl.coalesce("launch_ts_ns", "ts_ns")).alias("ts"),
+        ),
         ranges.rename({"ts_ns": "start", "end_ns": "end"}),
         by="tid",
         at="ts",
@@ -156,7 +292,10 @@ def _context_rules(df: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:
             continue
         cond = pl.col("category").cast(pl.String).is_in(list(r.from_categories))
         if r.name_regex is not None:
-            cond = cond & pl.col("name").cast(pl.String).str.contains(r.name_regex.pattern)
+            by_name = pl.col("name").cast(pl.String).str.contains(r.name_regex.pattern)
+            # CPU operators (aten::mm, aten::_grouped_mm) name no kernel: their family (gemm.cpu) counts too
+            by_fam = _cpu_device_row() & pl.col("family").cast(pl.String).str.contains(r.name_regex.pattern).fill_null(False)
+            cond = cond & (by_name | by_fam)
         sel = sel.filter(cond).select("_row", pl.lit(r.category).alias("_c"), pl.lit(r.id).alias("_f"))
         new_cat.append(sel)
     if not new_cat:
@@ -181,7 +320,7 @@ _COLL_COLS = ["coll_name", "coll_in_nelems", "coll_out_nelems", "coll_dtype", "c
 
 
 def _collectives(df: pl.DataFrame) -> pl.DataFrame:
-    is_comm = pl.col("kind").cast(pl.String).is_in(GPU_KINDS) & (pl.col("category").cast(pl.String) == "communication")
+    is_comm = (pl.col("kind").cast(pl.String).is_in(GPU_KINDS) | _cpu_device_row()) & (pl.col("category").cast(pl.String) == "communication")
     if df.filter(is_comm).height == 0:
         return df
     # 1. record_param_comms enclosing the launching runtime call on the same thread
@@ -198,6 +337,17 @@ def _collectives(df: pl.DataFrame) -> pl.DataFrame:
                 need.select("_row", pl.col("launch_tid").alias("tid"), pl.col("launch_ts_ns").alias("ts")),
                 iv, by="tid", at="ts", payload=[f"_{c}" for c in _COLL_COLS],
             )
+            if need.filter(_cpu_device_row()).height:
+                # CPU mode: gloo records record_param_comms inside the issuing c10d op, after its start
+                inner = need.filter(_cpu_device_row()).select(
+                    "_row", pl.col("launch_tid").alias("tid"), pl.col("launch_ts_ns").alias("_a"),
+                    (pl.col("launch_ts_ns") + pl.col("launch_dur_ns").fill_null(0)).alias("_b"),
+                ).sort("_a").join_asof(iv.sort("start"), left_on="_a", right_on="start", by="tid", strategy="forward",
+                                       check_sortedness=False).filter(pl.col("start") <= pl.col("_b"))
+                pay = [f"_{c}" for c in _COLL_COLS]
+                miss = hit.filter(pl.col("_coll_name").is_null() & pl.col("_row").is_in(inner["_row"].implode()))
+                hit = pl.concat([hit.filter(~pl.col("_row").is_in(miss["_row"].implode())),
+                                 miss.drop(pay).join(inner.select("_row", *pay), on="_row", how="left")], how="vertical_relaxed")
             d = d.join(hit.drop(["tid", "ts"]), on="_row", how="left")
             d = d.with_columns(
                 [pl.coalesce(pl.col(c).cast(pl.String) if c in ("coll_name", "coll_dtype", "pg_name", "pg_desc", "pg_ranks") else pl.col(c), pl.col(f"_{c}")).alias(c) for c in _COLL_COLS]
@@ -227,10 +377,11 @@ def _assign_steps(df: pl.DataFrame) -> pl.DataFrame:
         return df
     d = df.with_row_index("_row")
     is_gpu = pl.col("kind").cast(pl.String).is_in(GPU_KINDS)
-    pts = d.filter((is_gpu & pl.col("launch_ts_ns").is_not_null()) | (pl.col("kind").cast(pl.String) == "runtime")).select(
+    launched = is_gpu | _cpu_device_row()  # CPU mode: a gloo collective is placed by the c10d op that issued it
+    pts = d.filter((is_gpu & pl.col("launch_ts_ns").is_not_null()) | _cpu_device_row() | (pl.col("kind").cast(pl.String) == "runtime")).select(
         "_row",
-        pl.when(is_gpu).then(pl.col("launch_tid")).otherwise(pl.col("tid")).alias("tid"),
-        pl.when(is_gpu).then(pl.col("launch_ts_ns")).otherwise(pl.col("ts_ns")).alias("ts"),
+        pl.when(launched).then(pl.coalesce("launch_tid", "tid")).otherwise(pl.col("tid")).alias("tid"),
+        pl.when(launched).then(pl.coalesce("launch_ts_ns", "ts_ns")).otherwise(pl.col("ts_ns")).alias("ts"),
     )
     if pts.height == 0:
         return df
@@ -250,6 +401,7 @@ def finalize_rank(raw: pl.DataFrame, rules: RuleSet | None = None) -> pl.DataFra
     df = parse_steps(df)
     df = _launch_join(df)
     df = rules.categorize(df)
+    df = _cpu_mode(df)
     df = _context_rules(df, rules)
     df = _collectives(df)
     df = _assign_steps(df)
