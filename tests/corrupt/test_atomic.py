@@ -122,7 +122,9 @@ _DRIVER = textwrap.dedent(
     orig = schema.TraceWriter.write
     def write(self, df):
         orig(self, df)
-        marker.write_text(str(self._tmp))  # first row group is in the temp file: now kill me
+        tmp = marker.with_suffix(".part")
+        tmp.write_text(str(self._tmp))
+        tmp.replace(marker)  # first row group is in the temp file: now kill me
         time.sleep(120)
     schema.TraceWriter.write = write
     sys.argv = ["tracekit", *sys.argv[2:]]

@@ -55,7 +55,10 @@ def test_no_gpu_events_warns_and_reports_partial(tmp_path: Path) -> None:
     assert "no_gpu_events" in p.stdout
     res = _analyze_json(out)
     assert "no_gpu_events" in _codes(res)
-    assert res["ranks"] == [] and res["overall"]["gpu_busy_ns"] == 0
+    # partial results: nothing or the CPU-mode stand-ins (docs/cpu_mode.md), never a broken split
+    assert [r["rank"] for r in res["ranks"]] in ([], [34])
+    for r in res["ranks"]:
+        assert sum(r["time_ns"].values()) == r["window_ns"] and min(r["time_ns"].values()) >= 0
     df, _ = read_trace(out)
     assert df.height > 0 and set(df["rank"].unique()) == {34}  # the CPU rows are kept
     p = run("analyze", out)  # terminal report renders the warning too
@@ -121,7 +124,11 @@ def test_clock_skew_seconds_is_corrected_and_flagged(tmp_path: Path, tf0: dict, 
 
 def test_clock_skew_without_collectives_is_suspected(tmp_path: Path) -> None:
     need(CPU_ONLY)
-    doc = load(CPU_ONLY)
+    doc = dict(load(CPU_ONLY))
+    # keep only what cannot serve as a clock reference: no collectives (gloo/nccl annotations, record_param_comms)
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if not any(
+        k in str(e.get("name", "")).lower() for k in ("gloo", "nccl", "all_reduce", "allreduce", "record_param_comms", "barrier"))]
+    assert any(e.get("ph") == "X" for e in doc["traceEvents"])
     d = tmp_path / "in"
     dump(with_rank(doc, 0, 2), d / "rank0.json.gz")
     dump(dict(with_rank(doc, 1, 2), baseTimeNanoseconds=doc["baseTimeNanoseconds"] + 5 * 10**9), d / "rank1.json.gz")
