@@ -14,7 +14,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tracekit.schema import frame_from_rows
 
 XSS = "<img src=x onerror=alert(1)>"
 BASE = 1_700_000_000_000_000_000

@@ -19,6 +19,8 @@ __all__ = ["detail_payload", "collective_instances", "MAX_SEGMENTS", "MAX_RANGE_
 
 MAX_SEGMENTS = 100_000
 MAX_RANGE_DEPTH = 4
+MAX_LINKS = 2_000
+MAX_WAITS = 5_000
 _FOLD_BUDGET = 10_000
 
 
@@ -206,7 +208,7 @@ def detail_payload(
         if k.height:
             pg_codes, pgs = _codes(k.get_column("pg"))
             coll = {
-                "n": int(k.height),
+                "n": int(k.height), "max_waits": MAX_WAITS,
                 "idx": b64(k.get_column("_i").to_numpy(), "u4"),
                 "pg": b64(pg_codes, "u4"), "pgs": pgs,
                 "seq": b64(k.get_column("seq").fill_null(-1).to_numpy(), "i4"),
@@ -216,9 +218,11 @@ def detail_payload(
             }
             # links: one polyline per instance over its lanes at the release time (last arrival)
             links = k.with_columns((pl.col("ts_ns") + pl.col("wait_ns").fill_null(0)).alias("_rel")).group_by(
-                ["pg", "seq"]).agg(pl.col("_rel").max(), pl.col("lane").sort()).filter(pl.col("lane").list.len() > 1)
+                ["pg", "seq"]).agg(pl.col("_rel").max(), pl.col("lane").sort(), pl.col("wait_ns").max().alias("_w")
+                                   ).filter(pl.col("lane").list.len() > 1)
             if links.height:
-                links = links.sort("_rel").head(20_000)
+                # the MAX_LINKS instances with the longest wait (a link per instance costs GL points)
+                links = links.sort("_w", descending=True, nulls_last=True).head(MAX_LINKS).sort("_rel")
                 coll["link_x"] = b64(links.select(off_us(pl.col("_rel"))).to_series().to_numpy(), "f4")
                 coll["link_lanes"] = b64(links.get_column("lane").list.explode().to_numpy(), "u2")
                 coll["link_len"] = b64(links.get_column("lane").list.len().to_numpy(), "u2")

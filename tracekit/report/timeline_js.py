@@ -427,6 +427,10 @@ function buildDetail(ax) {
       k = cidx2[i];
       if (cw[i] > 0) { wi.push(i); wstart[i] = ks[k]; wdur[i] = Math.min(cw[i], kd[k]); wl[i] = kl[k]; }
     }
+    if (wi.length > (C.max_waits || 5000)) {  // the longest waits only (each overlay costs GL points)
+      wi.sort(function (a, b) { return wdur[b] - wdur[a]; });
+      wi = wi.slice(0, C.max_waits || 5000);
+    }
     if (wi.length) {
       var wsg = segments(wi, wstart, wdur, wl, x0);
       traces.push(segTrace(ax, wsg[0], wsg[1], '#f4b6b0', LW, 'collective wait', 'cwait', true));
