@@ -30,6 +30,7 @@ from msgspec.structs import astuple
 import polars as pl
 
 from tracekit._errors import InputError, QualityLog
+from tracekit.ingest.kineto_stream import EventStream, StreamFallback
 from tracekit.schema import conform
 
 __all__ = ["read_kineto", "KINETO_KINDS"]
@@ -146,7 +147,7 @@ _TOP = msgspec.json.Decoder(_Top)
 _CHUNK_TYPED = msgspec.json.Decoder(list[_EvTyped], float_hook=_as_str)
 _CHUNK_LOOSE = msgspec.json.Decoder(list[_Ev], float_hook=_as_str)
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
-_CHUNK_BYTES = 16 << 20
+_CHUNK_BYTES = 4 << 20
 _ARG_FIELDS = _Args.__struct_fields__
 
 
@@ -399,6 +400,39 @@ def read_kineto(path: str | Path, rank: int | None = None, *, exact: bool | None
     float64 would round.
     """
     p = Path(path)
+    try:
+        return _read_streaming(p, rank, exact)
+    except StreamFallback:
+        pass
+    return _read_whole(p, rank, exact)
+
+
+def _read_streaming(p: Path, rank: int | None, exact: bool | None) -> tuple[pl.DataFrame, dict[str, Any]]:
+    """Bounded-memory path: decompress and decode chunk by chunk (see kineto_stream)."""
+    es = EventStream(p, _CHUNK_BYTES, _TOP)
+    unknown: dict[str, int] = {}
+    frames: list[pl.DataFrame] = []
+    for chunk in es.chunks():
+        st = None if exact or _EPOCH_FRAC.search(chunk) or _SHAPES.search(chunk) else _fast_stage(chunk, unknown)
+        if st is None:
+            try:
+                st = _exact_stage(chunk, p, unknown)
+            except InputError:
+                raise StreamFallback("undecodable chunk") from None
+        if st.height:
+            frames.append(st)
+    try:
+        top = _TOP.decode(es.top_document())
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        raise StreamFallback("top-level keys") from None
+    meta = _rank_meta(top, p)
+    if exact is None and meta.get("record_shapes") and frames:
+        # shapes recorded: every chunk must come from the exact decoder (it keeps Input Dims)
+        raise StreamFallback("record_shapes")
+    return _assemble(frames, meta, unknown, rank, p)
+
+
+def _read_whole(p: Path, rank: int | None, exact: bool | None) -> tuple[pl.DataFrame, dict[str, Any]]:
     data = _read_bytes(p)
     if not data.strip():
         raise InputError(f"{p}: empty file; re-export the trace")
@@ -411,31 +445,37 @@ def read_kineto(path: str | Path, rank: int | None = None, *, exact: bool | None
             raise InputError(f"{p}: a bare JSON array is not supported; wrap it as {{\"traceEvents\": [...]}}") from None
         raise InputError(f"{p}: invalid JSON ({e}); the file is corrupt or truncated") from None
     meta = _rank_meta(top, p)
-    if rank is None:
-        rank = meta["rank_from_file"]
-    quality = QualityLog()
-    raw_events = bytes(top.traceEvents)
-    del data, top
-    if not raw_events:
+    raw_events = memoryview(top.traceEvents)  # zero-copy view into the decompressed text
+    del top
+    if not len(raw_events):
         raise InputError(f"{p}: no 'traceEvents' key; not a Kineto/Chrome trace (e.g. a PyTorch execution trace)")
-    if raw_events.strip()[:1] != b"[":
+    if bytes(raw_events[:64]).strip()[:1] != b"[":
         raise InputError(f"{p}: 'traceEvents' is not a list; not a Kineto trace")
     if exact is None:
         exact = bool(meta.get("record_shapes"))
     unknown: dict[str, int] = {}
     frames: list[pl.DataFrame] = []
-    for chunk in _chunks(memoryview(raw_events)):
+    for chunk in _chunks(raw_events):
         st = None if exact or _EPOCH_FRAC.search(chunk) or _SHAPES.search(chunk) else _fast_stage(chunk, unknown)
         if st is None:
             st = _exact_stage(chunk, p, unknown)
         if st.height:
             frames.append(st)
-    del raw_events
+    raw_events.release()
+    del raw_events, data
+    return _assemble(frames, meta, unknown, rank, p)
+
+
+def _assemble(frames: list[pl.DataFrame], meta: dict[str, Any], unknown: dict[str, int], rank: int | None, p: Path) -> tuple[pl.DataFrame, dict[str, Any]]:
+    if rank is None:
+        rank = meta["rank_from_file"]
+    quality = QualityLog()
     if unknown:
         quality.add("unknown_event_kinds", f"{p.name}: skipped events of unknown categories: "
                     + ", ".join(f"{k} ({v})" for k, v in sorted(unknown.items())), unknown=unknown)
     meta["quality"] = [q.to_json() for q in quality]
-    stage = pl.concat(frames, how="vertical_relaxed") if frames else _empty_stage()
+    stage = pl.concat(frames, how="vertical_relaxed", rechunk=False) if frames else _empty_stage()
+    del frames
     df = _finish(stage, meta)
     if rank is not None:
         df = df.with_columns(pl.lit(rank, dtype=pl.Int32).alias("rank"))
@@ -460,7 +500,7 @@ _ND_SCHEMA = {
     }),
 }
 _STAGE_SCHEMA = {
-    "kind": pl.String, "src": pl.String, "name": pl.String, "pid": pl.Int64, "tid": pl.Int64,
+    "kind": pl.Categorical, "src": pl.Categorical, "name": pl.Categorical, "pid": pl.Int64, "tid": pl.Int64,
     "ts_rel_ns": pl.Int64, "dur_ns": pl.Int64, "correlation": pl.Int64, "external_id": pl.Int64,
     "device": pl.Int64, "stream": pl.Int64, "registers_per_thread": pl.Int64, "shared_mem_bytes": pl.Int64,
     "bytes": pl.Int64, "graph_id": pl.Int64, "graph_node_id": pl.Int64, "coll_name": pl.String,
@@ -501,6 +541,10 @@ _PA_SCHEMA = pa.schema([
     ("ph", pa.string()), ("cat", pa.string()), ("name", pa.string()), ("pid", pa.int64()), ("tid", pa.int64()),
     ("ts", pa.float64()), ("dur", pa.float64()), ("args", _PA_ARGS),
 ])
+try:  # jemalloc hands freed chunk buffers back; mimalloc (the default) kept ~40 MB per 16 MB chunk resident
+    pa.set_memory_pool(pa.jemalloc_memory_pool())
+except (NotImplementedError, pa.ArrowNotImplementedError):  # pragma: no cover - wheels without jemalloc
+    pass
 _PA_PARSE = pajson.ParseOptions(explicit_schema=_PA_SCHEMA, unexpected_field_behavior="ignore", newlines_in_values=True)
 _PA_READ = pajson.ReadOptions(use_threads=True, block_size=4 << 20)
 
@@ -630,12 +674,12 @@ def _finish(st: pl.DataFrame, meta: dict[str, Any]) -> pl.DataFrame:
     if neg:
         meta.setdefault("quality", []).append({"code": "negative_durations", "message": f"{neg} events had negative durations; clamped to 0", "severity": "warning"})
         df = df.with_columns(pl.when(pl.col("dur_ns") < 0).then(0).otherwise(pl.col("dur_ns")).alias("dur_ns"))
-    is_mc = pl.col("kind") == "memcpy"
+    is_mc = pl.col("kind").cast(pl.String) == "memcpy"
     df = df.with_columns(
-        pl.when(is_mc).then(pl.col("name").str.extract(r"^Memcpy (\w+)", 1)).otherwise(None).alias("memcpy_kind"),
-        pl.when(is_mc).then(pl.col("name").str.extract(r"\((\w+) ->", 1)).otherwise(None).alias("src_mem"),
-        pl.when(is_mc).then(pl.col("name").str.extract(r"-> (\w+)\)", 1)).otherwise(None).alias("dst_mem"),
-        pl.when(pl.col("kind").is_in(["kernel", "memcpy", "memset", "gpu_range", "sync"])).then(pl.col("device")).otherwise(None).cast(pl.Int32).alias("device"),
+        pl.when(is_mc).then(pl.col("name").cast(pl.String).str.extract(r"^Memcpy (\w+)", 1)).otherwise(None).alias("memcpy_kind"),
+        pl.when(is_mc).then(pl.col("name").cast(pl.String).str.extract(r"\((\w+) ->", 1)).otherwise(None).alias("src_mem"),
+        pl.when(is_mc).then(pl.col("name").cast(pl.String).str.extract(r"-> (\w+)\)", 1)).otherwise(None).alias("dst_mem"),
+        pl.when(pl.col("kind").cast(pl.String).is_in(["kernel", "memcpy", "memset", "gpu_range", "sync"])).then(pl.col("device")).otherwise(None).cast(pl.Int32).alias("device"),
         pl.lit(0, dtype=pl.Int32).alias("rank"),
     )
     return conform(df)

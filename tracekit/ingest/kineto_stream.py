@@ -1,0 +1,129 @@
+"""Streaming split of a Kineto JSON(.gz) file into decodable event chunks.
+
+The whole decompressed text is never held: the file is decompressed piece by
+piece, the ``traceEvents`` array is cut into ``[...]`` chunks of about
+``chunk_bytes`` at object boundaries, and the top-level keys around the array
+(``head`` before it, ``tail`` after it) are kept for the metadata. Anything
+unexpected raises :class:`StreamFallback`; the caller then uses the
+whole-buffer reader, which gives the same rows or a precise error.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from pathlib import Path
+from typing import Iterator
+
+import msgspec
+
+from tracekit._errors import InputError
+
+__all__ = ["StreamFallback", "EventStream", "iter_text"]
+
+_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+_CLOSE = re.compile(rb"\]")
+_HEAD_LIMIT = 64 << 20
+
+
+class StreamFallback(Exception):
+    """The streaming split cannot handle this file; read it whole instead."""
+
+
+def iter_text(path: Path, piece: int = 4 << 20) -> Iterator[bytes]:
+    """Decompressed text of ``path`` in pieces (gzip, multi-member gzip, or plain)."""
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - closed below
+    except OSError as e:
+        raise InputError(f"{path}: cannot read ({e.strerror}); check the path and permissions") from None
+    with f:
+        magic = f.read(2)
+        f.seek(0)
+        if magic != b"\x1f\x8b":
+            while True:
+                b = f.read(piece)
+                if not b:
+                    return
+                yield b
+        d = zlib.decompressobj(31)
+        try:
+            while True:
+                comp = f.read(1 << 20)
+                if not comp:
+                    out = d.flush()
+                    if out:
+                        yield out
+                    if not d.eof:
+                        raise InputError(f"{path}: truncated or corrupt gzip (unexpected end of data); re-copy the file from the capture host")
+                    return
+                out = d.decompress(comp)
+                if out:
+                    yield out
+                while d.eof and d.unused_data:  # concatenated gzip members
+                    rest = d.unused_data
+                    d = zlib.decompressobj(31)
+                    out = d.decompress(rest)
+                    if out:
+                        yield out
+        except zlib.error as e:
+            raise InputError(f"{path}: truncated or corrupt gzip ({e}); re-copy the file from the capture host") from None
+
+
+class EventStream:
+    """Iterate :meth:`chunks`; afterwards ``head`` and ``tail`` hold the text around the array."""
+
+    def __init__(self, path: Path, chunk_bytes: int = 16 << 20, top_decoder: msgspec.json.Decoder | None = None) -> None:
+        self.path = path
+        self.chunk_bytes = chunk_bytes
+        self.head = b""
+        self.tail = b""
+        self._top = top_decoder or msgspec.json.Decoder()
+
+    def top_document(self) -> bytes:
+        """The document with an empty ``traceEvents`` array (for the top-level keys)."""
+        return self.head + b'"traceEvents": []' + self.tail
+
+    def chunks(self) -> Iterator[bytes]:
+        it = iter_text(self.path)
+        buf = bytearray()
+        m = None
+        for piece in it:
+            buf += piece
+            m = _KEY.search(buf)
+            if m is not None:
+                break
+            if len(buf) > _HEAD_LIMIT:
+                raise StreamFallback("no traceEvents key near the start")
+        if m is None:
+            raise StreamFallback("no traceEvents key")
+        self.head = bytes(buf[: m.start()])
+        del buf[: m.end()]
+        ch = self.chunk_bytes
+        for piece in it:
+            buf += piece
+            while len(buf) >= ch + (1 << 20):
+                hit = _BOUNDARY.search(buf, ch)
+                if hit is None:
+                    break
+                cut = hit.start() + 1
+                chunk = b"[" + bytes(buf[:cut]) + b"]"
+                del buf[: hit.end() - 1]
+                yield chunk
+        rest = bytes(buf)
+        del buf
+        # the array's closing bracket: the last ']' after which the remainder completes the document
+        lo = max(0, len(rest) - (1 << 20))
+        ends = [x.start() for x in _CLOSE.finditer(rest, lo)]
+        for pos in reversed(ends[-64:]):
+            tail = rest[pos + 1 :]
+            try:
+                self._top.decode(self.head + b'"traceEvents": []' + tail)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue
+            self.tail = tail
+            body = rest[:pos].strip()
+            if body:
+                yield b"[" + body + b"]"
+            return
+        raise StreamFallback("end of traceEvents not found")
