@@ -241,6 +241,9 @@ class atomic_path:
     def __exit__(self, exc_type, exc, tb) -> None:
         assert self.tmp is not None
         if exc_type is None:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(self.tmp, 0o666 & ~umask)  # mkstemp creates 0600; outputs get the usual mode
             os.replace(self.tmp, self.final)
         else:
             try:
