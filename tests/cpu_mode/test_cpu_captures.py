@@ -35,14 +35,16 @@ def test_straggler_named_and_lost_time_within_10pct(straggler_trace: Path) -> No
     delayed = truth["rank"]
     assert delayed == 1
     inj = _injected(df, delayed)
-    assert len(inj) >= 3  # delays fell inside the profiled window
+    assert len(inj) >= 5  # delays fell inside the profiled window
     total = sum(inj.values())
     assert abs(total - len(inj) * truth["delay_ms"] * 1e6) < 0.05 * total  # slept what was asked
     res = analyze(straggler_trace)
     st = pl.DataFrame(res["stalls"])
-    # the delayed rank is the late rank the report leads with
-    top = res["collectives"]["stall_summary"][0]
-    assert top["late_rank"] == delayed
+    # the delayed rank is the late rank that cost the most
+    by_late: dict[int, int] = {}
+    for row in res["collectives"]["stall_summary"]:
+        by_late[row["late_rank"]] = by_late.get(row["late_rank"], 0) + row["lost_ns"]
+    assert max(by_late, key=lambda r: by_late[r]) == delayed
     on_delayed = st.filter(pl.col("late_rank") == delayed)
     waiting = sorted(set(on_delayed["waiting_rank"].to_list()))
     assert waiting == [r for r in range(meta["world_size"]) if r != delayed]
@@ -71,7 +73,8 @@ def test_host_sync_idle_around_each_planted_readback(host_sync_trace: Path, stra
     assert set(gaps["detail"].to_list()) <= {"aten::item", "aten::_local_scalar_dense", "aten::is_nonzero"}
     planted = df.filter((pl.col("kind").cast(pl.String) == "range") & (pl.col("name").cast(pl.String) == "router.sync")).select(
         pl.col("rank").cast(pl.Int64), pl.col("ts_ns").alias("a"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("b"))
-    assert planted.height >= 2 * 10  # one per layer (1) and profiled step (10), per rank
+    n_steps = df.filter((pl.col("kind").cast(pl.String) == "step") & pl.col("profiled").fill_null(False)).height
+    assert planted.height >= n_steps >= 2 * 16  # one per layer (1) and profiled step (16), per rank
     hit = planted.join(gaps, on="rank").filter((pl.col("start_ns") <= pl.col("b")) & (pl.col("end_ns") >= pl.col("a")))
     assert hit.select("rank", "a").unique().height >= 0.8 * planted.height
     # without the planted sync, host-sync gaps are rare (the capture's own control readbacks)

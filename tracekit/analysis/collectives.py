@@ -27,7 +27,7 @@ import json
 import polars as pl
 
 from tracekit._errors import Quality, QualityLog
-from tracekit.analysis.window import cpu_device_expr
+from tracekit.analysis.window import cpu_device_expr, cpu_mode_ranks
 
 __all__ = [
     "collective_ops",
@@ -63,7 +63,7 @@ def collective_ops(df: pl.DataFrame) -> pl.DataFrame:
     in CPU mode gloo's one range per collective (docs/cpu_mode.md; the issuing ``c10d::`` op has no category)."""
     fam = pl.col("family").cast(pl.String)
     is_coll = (pl.col("category").cast(pl.String) == "communication") | fam.str.contains(_COMM_FAMILY)
-    return df.filter(((pl.col("kind").cast(pl.String) == "kernel") | cpu_device_expr()) & is_coll.fill_null(False))
+    return df.filter(((pl.col("kind").cast(pl.String) == "kernel") | cpu_device_expr(cpu_mode_ranks(df))) & is_coll.fill_null(False))
 
 
 def _norm_coll_name() -> pl.Expr:

@@ -25,7 +25,7 @@ from typing import Any, Mapping
 import polars as pl
 
 from tracekit.analysis import intervals as iv
-from tracekit.analysis.window import cpu_device_expr
+from tracekit.analysis.window import cpu_device_expr, cpu_mode_ranks
 from tracekit.analysis.gpus import GpuPeaks, gpu_peaks, peak_flops_per_s, rank_gpu_info
 
 __all__ = ["kernel_efficiency", "gemm_flops_bytes", "GEMM_OPS"]
@@ -123,7 +123,7 @@ def kernel_efficiency(
     ops = ops.join(sig, on=["op", "input_dims", "input_types"], how="left", nulls_equal=True).filter(pl.col("flops").is_not_null())
     # kernel → innermost GEMM op whose CPU range contains the kernel's launch call (same rank and thread)
     # CPU mode: the categorized operator is its own "kernel", issued at its start on its thread
-    cpu = cpu_device_expr() & (kind == "cpu_op")
+    cpu = cpu_device_expr(cpu_mode_ranks(df)) & (kind == "cpu_op")
     ker = df.filter(((kind == "kernel") & pl.col("launch_ts_ns").is_not_null()) | cpu).select(
         pl.col("rank").cast(pl.Int64),
         pl.when(cpu).then(pl.col("tid")).otherwise(pl.col("launch_tid")).alias("tid"),

@@ -32,7 +32,7 @@ from typing import Any, Mapping
 import polars as pl
 
 from tracekit.analysis import intervals as iv
-from tracekit.analysis.window import device_op_expr
+from tracekit.analysis.window import cpu_mode_ranks, device_op_expr
 from tracekit.schema import GPU_OP_KINDS
 
 __all__ = ["IdleCauses", "idle_causes", "gpu_ops", "sync_calls", "busy_before", "asof", "SYNC_REGEX", "IDLE_CAUSES", "CPU_SYNC_FAMILY"]
@@ -51,7 +51,7 @@ CPU_SYNC_FAMILY = "host_sync.cpu"
 def gpu_ops(df: pl.DataFrame) -> pl.DataFrame:
     """Device op rows (GPU ops, or CPU-mode rows: :func:`tracekit.analysis.window.device_op_expr`)
     with ``start``/``end`` columns, rank as Int64."""
-    return df.filter(device_op_expr() & (pl.col("dur_ns") >= 0)).with_columns(
+    return df.filter(device_op_expr(cpu_mode_ranks(df)) & (pl.col("dur_ns") >= 0)).with_columns(
         pl.col("rank").cast(pl.Int64), pl.col("ts_ns").alias("start"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("end")
     )
 

@@ -16,33 +16,46 @@ import polars as pl
 from tracekit._errors import QualityLog, UsageError
 
 __all__ = ["Window", "select_window", "observed_spans", "transient_end_ns", "gpu_ops", "device_ops", "device_op_expr",
-           "cpu_device_expr", "parse_time_range"]
+           "cpu_device_expr", "cpu_mode_ranks", "parse_time_range"]
 
 GPU = ["kernel", "memcpy", "memset"]
 #: row kinds that stand in for device work on a rank without GPU ops (docs/cpu_mode.md)
 CPU_DEVICE_KINDS = ["cpu_op", "range"]
 
 
-def cpu_device_expr() -> pl.Expr:
+def cpu_mode_ranks(df: pl.DataFrame) -> list[int]:
+    """Ranks in CPU mode: they have categorized ``cpu_op``/``range`` rows and no GPU op."""
+    kind = pl.col("kind").cast(pl.String)
+    cand = df.filter(pl.col("category").is_not_null()).filter(kind.is_in(CPU_DEVICE_KINDS)).get_column("rank").unique()
+    if cand.len() == 0:
+        return []
+    gpu = df.filter(pl.col("rank").is_in(cand.implode())).filter(kind.is_in(GPU)).get_column("rank").unique()
+    return sorted(set(cand.to_list()) - set(gpu.to_list()))
+
+
+def cpu_device_expr(cpu_ranks: list[int] | None = None) -> pl.Expr:
     """CPU mode rows: ``cpu_op``/``range`` rows with a category, on a rank that has no GPU op.
 
     The converter categorizes such rows only in CPU mode (forward-thread operators,
     gloo collectives); the per-rank guard keeps any other CPU row out of GPU traces.
+    ``cpu_ranks`` (from :func:`cpu_mode_ranks`) makes the guard a cheap membership test;
+    without it the guard is a per-rank window expression.
     """
     kind = pl.col("kind").cast(pl.String)
-    return (
-        kind.is_in(CPU_DEVICE_KINDS) & pl.col("category").is_not_null() & ~kind.is_in(GPU).any().over("rank")
-    )
+    rows = kind.is_in(CPU_DEVICE_KINDS) & pl.col("category").is_not_null()
+    if cpu_ranks is not None:
+        return rows & pl.col("rank").is_in(list(cpu_ranks)) if cpu_ranks else pl.lit(False)
+    return rows & ~kind.is_in(GPU).any().over("rank")
 
 
-def device_op_expr() -> pl.Expr:
+def device_op_expr(cpu_ranks: list[int] | None = None) -> pl.Expr:
     """THE predicate for "device work": GPU ops (kernel, memcpy, memset), or CPU-mode rows (:func:`cpu_device_expr`)."""
-    return pl.col("kind").cast(pl.String).is_in(GPU) | cpu_device_expr()
+    return pl.col("kind").cast(pl.String).is_in(GPU) | cpu_device_expr(cpu_ranks)
 
 
 def device_ops(df: pl.DataFrame) -> pl.DataFrame:
     """Rows that are device work (:func:`device_op_expr`); every analysis selects ops through this."""
-    return df.filter(device_op_expr())
+    return df.filter(device_op_expr(cpu_mode_ranks(df)))
 
 
 #: kept name: analyses written for GPU traces call this; it includes CPU-mode rows
