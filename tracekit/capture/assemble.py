@@ -9,45 +9,59 @@ quality flags) go into the footer metadata.
 
 :func:`summarize_steps` and :func:`build_metadata` are pure (tested on
 hand-built records).
+
+A kept run directory (``--keep-raw``, or the one a failed write names) converts
+later with ``python -m tracekit.capture.assemble DIR -o trace.parquet``.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import statistics
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 import polars as pl
 
-from tracekit._errors import CaptureError, QualityLog
+from tracekit._errors import CaptureError, InputError, QualityLog, TracekitError
 from tracekit.schema import POLARS_SCHEMA, conform, empty_frame, frame_from_rows, write_trace
 
-__all__ = ["load_run", "frames_from_extras", "summarize_steps", "build_metadata", "assemble", "assemble_dir", "GROUND_TRUTH_SRC"]
+__all__ = ["load_run", "frames_from_extras", "summarize_steps", "build_metadata", "assemble", "assemble_dir", "main", "GROUND_TRUTH_SRC"]
 
 GROUND_TRUTH_SRC = "tracekit.ground_truth"
 
 
 def load_run(run_dir: Path, world: int) -> tuple[list[Path], dict[int, dict[str, Any]]]:
-    """Kineto files (sorted by rank, window) and the per-rank extras that exist."""
-    files = sorted(run_dir.glob("rank*.win*.trace.json.gz"), key=_file_key)
+    """Kineto files (sorted by rank, window) and the per-rank extras that exist (ranks below ``world``)."""
+    files = sorted((p for p in run_dir.glob("rank*.win*.trace.json.gz") if _file_key(p) is not None), key=_file_key)
     extras: dict[int, dict[str, Any]] = {}
-    for r in range(world):
-        p = run_dir / f"rank{r}.extra.json"
-        if p.exists():
-            try:
-                extras[r] = json.loads(p.read_text())
-            except ValueError:
-                pass
+    for p in sorted(run_dir.glob("rank*.extra.json")):
+        r = _rank_of(p)
+        if r is None or r >= world:
+            continue
+        try:
+            extras[r] = json.loads(p.read_text())
+        except (ValueError, OSError):
+            pass
     return files, extras
 
 
-def _file_key(p: Path) -> tuple[int, int]:
-    parts = p.name.split(".")
-    try:
-        return int(parts[0][4:]), int(parts[1][3:])
-    except (ValueError, IndexError):
-        return (1 << 30, 0)
+_WINDOW_RE = re.compile(r"^rank(\d+)\.win(\d+)\.trace\.json\.gz$")
+_RANK_RE = re.compile(r"^rank(\d+)\.")
+
+
+def _file_key(p: Path) -> tuple[int, int] | None:
+    """(rank, window) of ``rank{r}.win{k}.trace.json.gz``; None for any other name."""
+    m = _WINDOW_RE.match(p.name)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def _rank_of(p: Path) -> int | None:
+    """The rank of ``rank{r}.<anything>``; None for any other name."""
+    m = _RANK_RE.match(p.name)
+    return int(m.group(1)) if m else None
 
 
 def frames_from_extras(extras: dict[int, dict[str, Any]]) -> list[pl.DataFrame]:
@@ -125,8 +139,19 @@ def summarize_steps(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def build_metadata(opts: dict[str, Any], extras: dict[int, dict[str, Any]], world: int, quality: QualityLog) -> dict[str, Any]:
-    """Footer metadata: world, ranks[i], capture{...}, quality."""
+def build_metadata(
+    opts: dict[str, Any],
+    extras: dict[int, dict[str, Any]],
+    world: int,
+    quality: QualityLog,
+    *,
+    stopped_by: str | None = None,
+) -> dict[str, Any]:
+    """Footer metadata: world, ranks[i], capture{...}, quality.
+
+    ``stopped_by``: what interrupted the capture (``"Ctrl-C"``, ``"SIGTERM"``), named in the
+    ``capture_interrupted`` flag added when a rank reports it stopped early.
+    """
     ranks = []
     for r in range(world):
         m = dict((extras.get(r) or {}).get("meta") or {})
@@ -144,7 +169,8 @@ def build_metadata(opts: dict[str, Any], extras: dict[int, dict[str, Any]], worl
     ends = [e["meta"]["loop_end_ns"] for e in extras.values() if "loop_end_ns" in e.get("meta", {})]
     reasons = {e.get("meta", {}).get("stop_reason") for e in extras.values()}
     if "interrupted" in reasons:
-        quality.add("capture_interrupted", "capture stopped early by Ctrl-C; kept what was collected", severity="info")
+        by = stopped_by or "a stop request (Ctrl-C or SIGTERM)"
+        quality.add("capture_interrupted", f"capture stopped early by {by}; kept what was collected", severity="info")
     gt: dict[str, Any] = {}
     if opts.get("delay_rank") is not None and opts.get("delay_ms"):
         ev = ((extras.get(opts["delay_rank"]) or {}).get("markers")) or []
@@ -178,6 +204,7 @@ def assemble(
     *,
     force: bool = False,
     quality: QualityLog | None = None,
+    stopped_by: str | None = None,
 ) -> dict[str, Any]:
     """Convert a run directory into ``out``; returns the metadata written."""
     quality = quality if quality is not None else QualityLog()
@@ -187,7 +214,7 @@ def assemble(
     if not files:
         quality.add("capture_no_profiler_windows", "no profiler window completed; the trace holds step records and counters only")
     frames = frames_from_extras(extras)
-    meta = build_metadata(opts, extras, world, quality)
+    meta = build_metadata(opts, extras, world, quality, stopped_by=stopped_by)
     meta["source_files"] = [f.name for f in files]
     try:
         from tracekit.ingest.convert import convert
@@ -204,13 +231,54 @@ def assemble(
 
 
 def assemble_dir(raw_dir: str | Path, out: str | Path, *, force: bool = False) -> dict[str, Any]:
-    """Convert a ``--keep-raw`` / ``capture_scripts/capture_raw.py`` directory into ``out``."""
+    """Convert a kept run directory into ``out``.
+
+    Accepts a ``--keep-raw`` directory, a run directory kept after a failed write
+    (disk full) and a ``capture_scripts/capture_raw.py`` directory. ``run.json``
+    (options, the parent's quality flags, what stopped the capture) is used when
+    present; without it the world size is the highest rank seen in the files + 1.
+    """
     raw = Path(raw_dir)
+    if not raw.is_dir():
+        raise InputError(f"{raw}: no such directory; pass the directory a capture kept (--keep-raw or the path its error named)")
     run = raw / "run.json"
-    opts: dict[str, Any] = json.loads(run.read_text()).get("options", {}) if run.exists() else {}
-    world = int(opts.get("world") or 0) or 1 + max((_file_key(p)[0] for p in raw.glob("rank*.extra.json")), default=0)
-    q = QualityLog()
+    info: dict[str, Any] = {}
     if run.exists():
-        for item in json.loads(run.read_text()).get("quality", []):
-            q.add(item["code"], item["message"], severity=item.get("severity", "warning"), rank=item.get("rank"))
-    return assemble(raw, Path(out), opts, world, force=force, quality=q)
+        try:
+            info = json.loads(run.read_text())
+        except (ValueError, OSError) as e:
+            raise InputError(f"{run}: unreadable ({type(e).__name__}: {e}); delete it to assemble without the run options") from None
+    opts: dict[str, Any] = info.get("options") or {}
+    seen = [r for p in raw.glob("rank*") if (r := _rank_of(p)) is not None]
+    if not seen:
+        raise InputError(f"{raw}: no rank files (rank<N>.win<K>.trace.json.gz, rank<N>.extra.json); not a capture directory")
+    world = max(int(opts.get("world") or 0), 1 + max(seen))
+    q = QualityLog()
+    for item in info.get("quality") or []:
+        q.add(item["code"], item["message"], severity=item.get("severity", "warning"), rank=item.get("rank"))
+    return assemble(raw, Path(out), opts, world, force=force, quality=q, stopped_by=info.get("stopped_by"))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tracekit.capture.assemble DIR [-o trace.parquet] [--force]``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m tracekit.capture.assemble", description=assemble_dir.__doc__.splitlines()[0])
+    ap.add_argument("dir", help="run directory kept by a capture (--keep-raw, or the one a failed write named)")
+    ap.add_argument("-o", "--out", default="trace.parquet", help="output trace.parquet (default: %(default)s)")
+    ap.add_argument("--force", action="store_true", help="overwrite the output")
+    a = ap.parse_args(argv)
+    try:
+        meta = assemble_dir(a.dir, a.out, force=a.force)
+    except TracekitError as e:
+        print(f"tracekit: error: {e}", file=sys.stderr)
+        return e.exit_code
+    print(f"tracekit: wrote {a.out} ({len(meta.get('ranks', []))} rank(s), "
+          f"{len(meta.get('capture', {}).get('profiler_windows', []))} profiler windows)")
+    for item in meta.get("quality", []):
+        print(f"tracekit: quality: {item['code']}: {item['message']}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
