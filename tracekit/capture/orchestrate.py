@@ -3,15 +3,21 @@
 Ranks are spawned with ``torch.multiprocessing`` (spawn), rendezvous through a
 ``FileStore`` in a private temp dir (no TCP store listens anywhere) and use
 loopback only for their own sockets (``GLOO_SOCKET_IFNAME`` /
-``NCCL_SOCKET_IFNAME`` = ``lo`` unless set). Ctrl-C sets a shared stop event:
-the ranks agree to stop at the same step, close their profiler windows and
-write what they have. If a rank dies, the others are told to stop, given a
-grace period, then killed; whatever was written is still assembled into a
-valid ``trace.parquet`` with quality flags.
+``NCCL_SOCKET_IFNAME`` = ``lo`` unless set). Ctrl-C or SIGTERM sets a shared
+stop event: the ranks agree to stop at the same step, close their profiler
+windows and write what they have, and the parent assembles it into a valid
+``trace.parquet`` flagged ``capture_interrupted`` (a second signal kills the
+ranks). After SIGTERM the signal is delivered again once the trace is written,
+so the process still ends as terminated (the CLI exits 143). If a rank dies, the
+others are told to stop, given a grace period, then killed; whatever was written
+is still assembled with quality flags. If writing ``trace.parquet`` fails (disk
+full), the run directory is kept and the error names it and how to convert it
+later (``python -m tracekit.capture.assemble DIR -o OUT``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -21,10 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from tracekit._errors import CaptureError, QualityLog
+from tracekit._errors import CaptureError, OutputError, QualityLog, TracekitError
 from tracekit.capture.options import CaptureOptions
 
-__all__ = ["CaptureResult", "run_builtin", "resolve_device"]
+__all__ = ["CaptureResult", "run_builtin", "resolve_device", "STOP_SIGNALS"]
+
+#: Signals that stop a capture cleanly (profilers closed everywhere, what was collected written).
+STOP_SIGNALS = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 
 
 @dataclass
@@ -97,47 +106,106 @@ def run_builtin(
         for r in range(opts.world)
     ]
     quality = QualityLog()
-    for p in procs:
-        p.start()
-    old = signal.getsignal(signal.SIGINT)
-    interrupted = {"n": 0}
+    signals: list[int] = []  # stop signals received, in order
 
-    def on_sigint(_sig: int, _frm: Any) -> None:
-        interrupted["n"] += 1
-        stop.set()
-        if interrupted["n"] > 1:
+    def on_signal(sig: int, _frm: Any) -> None:
+        # only record it: _monitor sets the shared event from ordinary code (no lock taken in a handler)
+        signals.append(sig)
+        if len(signals) > 1:
             for p in procs:
                 if p.is_alive():
                     p.kill()
 
-    signal.signal(signal.SIGINT, on_sigint)
+    old = _install_handlers(on_signal)
     try:
-        _monitor(procs, queue, stop, opts, quality, progress, say, run_dir)
+        for p in procs:
+            p.start()
+        _monitor(procs, queue, stop, opts, quality, progress, say, run_dir, signals)
     finally:
-        signal.signal(signal.SIGINT, old)
+        _restore_handlers(old)
         for p in procs:
             if p.is_alive():
                 p.kill()
             p.join(timeout=5)
-    if interrupted["n"]:
+    stopped_by = STOP_SIGNALS.get(signals[0]) if signals else None  # type: ignore[call-overload]
+    if len(signals) > 1:
+        quality.add("capture_killed", f"stopped twice ({stopped_by}); ranks were killed, windows still open were lost")
+    if stopped_by == "Ctrl-C":
         say("tracekit: interrupted; writing what was collected")
+    elif stopped_by:
+        say(f"tracekit: {stopped_by} received; writing what was collected")
+    run_info = {"options": opts.to_json(), "quality": [q.to_json() for q in quality], "stopped_by": stopped_by}
+    try:
+        (run_dir / "run.json").write_text(json.dumps(run_info, default=str))
+    except OSError:
+        pass  # best effort: assemble_dir can infer the world size without it
     try:
         if convert:
             from tracekit.capture.assemble import assemble
 
-            meta = assemble(run_dir, out, opts.to_json(), opts.world, force=force, quality=quality)
+            meta = assemble(run_dir, out, opts.to_json(), opts.world, force=force, quality=quality, stopped_by=stopped_by)
         else:
-            import json
-
-            meta = {"options": opts.to_json(), "quality": [q.to_json() for q in quality]}
-            (run_dir / "run.json").write_text(json.dumps(meta, default=str))
-    finally:
-        if keep_raw is not None:
-            keep_raw.mkdir(parents=True, exist_ok=True)
-            for f in list(run_dir.glob("rank*")) + list(run_dir.glob("run.json")):
-                shutil.copy2(f, keep_raw / f.name)
-        shutil.rmtree(run_dir, ignore_errors=True)
+            meta = run_info
+    except BaseException as e:
+        where = _keep_after_failure(run_dir, keep_raw)
+        hint = f"the collected per-rank traces are kept in {where}; convert them later with `python -m tracekit.capture.assemble {where} -o {out}`"
+        if isinstance(e, TracekitError):
+            raise type(e)(f"{e}; {hint}") from None
+        say(f"tracekit: {hint}")
+        raise
+    if keep_raw is not None:
+        try:
+            _copy_raw(run_dir, keep_raw)
+        except OSError as e:
+            raise OutputError(f"{keep_raw}: cannot copy the per-rank files ({e.strerror or e}); {out} was written and "
+                              f"the per-rank files remain in {run_dir}") from None
+    shutil.rmtree(run_dir, ignore_errors=True)
+    if signals and signals[0] == signal.SIGTERM and signal.SIGTERM in old:
+        say(f"tracekit: terminated; wrote what was collected to {out}")
+        signal.raise_signal(signal.SIGTERM)  # the previous handler decides (the CLI: exit 143)
     return CaptureResult(out, meta, keep_raw, meta.get("quality", []))
+
+
+def _install_handlers(handler: Callable[[int, Any], None]) -> dict[int, Any]:
+    """Route the stop signals to ``handler``; returns the previous handlers (none outside the main thread)."""
+    old: dict[int, Any] = {}
+    for sig in STOP_SIGNALS:
+        try:
+            prev = signal.getsignal(sig)
+            if prev is signal.SIG_IGN:
+                continue  # somebody chose to ignore it (nohup-like): keep it that way
+            signal.signal(sig, handler)
+        except ValueError:  # not the main thread: signals are not ours to handle
+            break
+        old[sig] = prev
+    return old
+
+
+def _restore_handlers(old: dict[int, Any]) -> None:
+    for sig, prev in old.items():
+        signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
+
+
+def _copy_raw(run_dir: Path, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in list(run_dir.glob("rank*")) + list(run_dir.glob("run.json")):
+        shutil.copy2(f, dest / f.name)
+
+
+def _keep_after_failure(run_dir: Path, keep_raw: Path | None) -> Path:
+    """After a failed write: the directory that now holds what was collected.
+
+    ``keep_raw`` when given and the copy worked (the run directory is removed), else the
+    run directory itself, which is then left in place.
+    """
+    if keep_raw is not None:
+        try:
+            _copy_raw(run_dir, keep_raw)
+        except OSError:
+            return run_dir
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return keep_raw
+    return run_dir
 
 
 def _log_tail(run_dir: Path, rank: int, n: int = 6) -> str:
@@ -158,8 +226,9 @@ def _monitor(
     progress: bool,
     say: Callable[[str], None],
     run_dir: Path,
+    signals: list[int] | None = None,
 ) -> None:
-    """Show progress until every rank exits; stop everybody when one dies."""
+    """Show progress until every rank exits; stop everybody when one dies or a stop signal came."""
     import queue as _q
 
     bar = _Bar(opts.duration_s) if progress else None
@@ -184,6 +253,10 @@ def _monitor(
                     bar.update(*msg[1:])
                 elif msg[0] == "log":
                     say(f"tracekit: {msg[1]}")
+            if signals and not stop.is_set():
+                stop.set()
+            if signals and len(signals) > 1:
+                continue  # a second signal killed the ranks: not a crash
             for r, p in enumerate(procs):
                 if not p.is_alive() and p.exitcode not in (0, None) and dead_at is None:
                     dead_at = time.monotonic()

@@ -4,8 +4,10 @@ Builds the workload, instruments its forward from outside, runs warm-up steps,
 then the measured loop: unprofiled steps first (replay calibration needs
 2 x 40), then barrier-aligned profiler windows. Every ``control_every`` steps
 the ranks agree on stopping with a one-element allreduce on a gloo control
-group (rank 0 asks when the duration is over; any rank asks on Ctrl-C), so all
-ranks stop at the same step and no collective is left hanging.
+group (rank 0 asks when the duration is over; any rank asks on Ctrl-C or
+SIGTERM, whether the parent passed it on through the stop event or the rank got
+it itself, e.g. from a process-group kill), so all ranks stop at the same step,
+close their profiler windows and no collective is left hanging.
 
 Outputs in ``run_dir``: ``rank{r}.win{k}.trace.json.gz`` per window and
 ``rank{r}.extra.json`` (step records, counters, ground-truth markers, rank
@@ -25,6 +27,9 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["rank_main", "extra_file"]
+
+
+_TERM: list[int] = []  # SIGTERM received by this rank
 
 
 def extra_file(run_dir: Path, rank: int) -> Path:
@@ -63,6 +68,9 @@ def _serve_cfg(opts: Any) -> Any:
 def rank_main(rank: int, opts: Any, run_dir: str, store_path: str, stop_event: Any, queue: Any) -> None:
     """Process entry point (torch.multiprocessing spawn target)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent turns Ctrl-C into stop_event
+    # SIGTERM sent to the rank itself: stop like the others at the next control step (a flag only;
+    # taking the shared event's lock inside a handler could deadlock)
+    signal.signal(signal.SIGTERM, lambda _s, _f: _TERM.append(_s))
     run = Path(run_dir)
     # Kineto/NCCL chatter goes to a per-rank log; the parent shows its tail if the rank fails.
     fd = os.open(run / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -184,7 +192,7 @@ def _run(rank: int, opts: Any, run: Path, store_path: str, stop_event: Any, queu
             if step % max(1, opts.control_every) == 0:
                 elapsed = (time.time_ns() - t0) / 1e9
                 want = 0
-                if stop_event.is_set():
+                if _TERM or stop_event.is_set():
                     want = 2
                 elif rank == 0 and elapsed >= opts.duration_s and step >= opts.min_steps:
                     want = 1
