@@ -40,6 +40,8 @@ __all__ = [
     "rank_files",
     "expected_ranks",
     "wait_for_traces",
+    "missing_ranks",
+    "missing_ranks_quality",
     "graph_attribution_note",
     "capture_sglang",
     "SGLangCaptureResult",
@@ -269,12 +271,14 @@ def _rank_label(tp: int, pp: int) -> str:
 def wait_for_traces(directory: Path, *, expected: set[tuple[int, int]] | None, profile_id: str | None,
                     timeout_s: float, stable_s: float = 1.0, poll_s: float = 0.2,
                     clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                    on_poll: Callable[[int], None] | None = None) -> list[Path]:
+                    on_poll: Callable[[int], None] | None = None, allow_missing: bool = False) -> list[Path]:
     """Poll ``directory`` until every expected rank's trace exists with a size unchanged for ``stable_s``.
 
     Files appear at different times per rank and grow while they are written. Without ``expected``
     it waits until at least one file exists and no file appeared or grew for ``stable_s``.
-    Raises CaptureError naming the missing ranks (or "no trace files") after ``timeout_s``.
+    Raises CaptureError naming the missing ranks (or "no trace files") after ``timeout_s``; with
+    ``allow_missing`` it returns the complete files that did arrive instead (the caller names the
+    missing ranks, see :func:`missing_ranks`) and raises only when there are none.
     """
     t_end = clock() + timeout_s
     sizes: dict[Path, tuple[int, float]] = {}
@@ -305,12 +309,39 @@ def wait_for_traces(directory: Path, *, expected: set[tuple[int, int]] | None, p
                 raise CaptureError(f"no SGLang trace files (*-TP-*.trace.json.gz) in {directory} after {timeout_s:g}s; "
                                    "does the server write to this path (same host/filesystem)? raise --poll-timeout "
                                    "for large traces, or check the server log")
+            if missing and allow_missing and stable:
+                return [found[k] for k in sorted(found)]
             if missing:
                 names = ", ".join(_rank_label(t, p) for t, p in missing)
                 raise CaptureError(f"missing trace files for rank(s) {names} in {directory} after {timeout_s:g}s "
                                    f"({len(found)} present); check those ranks in the server log, or raise --poll-timeout")
             raise CaptureError(f"trace files in {directory} still growing after {timeout_s:g}s; raise --poll-timeout")
         sleep(poll_s)
+
+
+def missing_ranks(files: Sequence[Path], expected: set[tuple[int, int]] | None) -> list[tuple[int, int]]:
+    """The expected ``(tp, pp)`` ranks without a file among ``files`` (sorted; empty when unknown)."""
+    if expected is None:
+        return []
+    have = set()
+    for f in files:
+        m = _RANK_RE.search(f.name)
+        if m is not None:
+            have.add((int(m.group(1)), int(m.group(3) or 0)))
+    return sorted(expected - have)
+
+
+def missing_ranks_quality(missing: Sequence[tuple[int, int]], expected: int, directory: Path,
+                          waited_s: float) -> Quality:
+    """The ``missing_ranks`` flag of a partial SGLang capture: ranks by number, where, how long."""
+    labels = [_rank_label(t, p) for t, p in missing]
+    return Quality(
+        "missing_ranks",
+        f"SGLang rank(s) {', '.join(labels)} of {expected} wrote no trace file in {directory} within {waited_s:g}s "
+        f"after the profile stopped; the trace holds the other {expected - len(missing)} rank(s) only (check those "
+        "ranks in the server log, or raise --poll-timeout)",
+        details={"missing": [t for t, _p in missing], "missing_labels": labels, "expected_ranks": expected},
+    )
 
 
 # ============================================================== CUDA-graph attribution
@@ -503,12 +534,17 @@ def capture_sglang(
     local GPU telemetry meanwhile; ``/stop_profile`` after ``duration_s`` — always, also on Ctrl-C
     or an error, unless ``num_steps`` made the server stop by itself; wait until every rank's file
     exists with a stable size; convert all ranks with the step records of ``step_dir`` (``tracekit
-    launch``) and telemetry merged in. ``output_dir`` is where the *server* writes (a unique
-    subdirectory is made in it; default: the system temp dir), so it must be a path both see.
+    launch``) and telemetry merged in. A rank whose file never appears within ``poll_timeout_s`` does
+    not lose the others: they are converted, the trace is flagged ``missing_ranks`` (rank numbers in
+    ``details["missing"]``) and a ``warning: partial trace`` line is logged; the call returns
+    normally (the CLI exits 0). No file at all raises CaptureError. ``output_dir`` is where the
+    *server* writes (a unique subdirectory is made in it; default: the system temp dir), so it must
+    be a path both see.
     """
     from tracekit.capture.loadgen import LoadSpec, parse_levels
 
-    say = log or ((lambda m: print(f"tracekit: {m}", file=sys.stderr, flush=True)) if progress else (lambda m: None))
+    warn = log or (lambda m: print(f"tracekit: {m}", file=sys.stderr, flush=True))  # also without progress
+    say = log or (warn if progress else (lambda m: None))
     out = Path(out)
     levels = parse_levels(load) if not isinstance(load, (list, tuple)) else [int(x) for x in load]
     many = len(levels) > 1
@@ -545,7 +581,7 @@ def capture_sglang(
                                             start_step=start_step, with_stack=with_stack, record_shapes=record_shapes,
                                             base_dir=base_dir, poll_timeout_s=poll_timeout_s, spec=spec,
                                             warmup_s=load_warmup_s, step_dir=step_dir,
-                                            telemetry=telemetry and _is_local(url), force=force, say=say,
+                                            telemetry=telemetry and _is_local(url), force=force, say=say, warn=warn,
                                             quality=result.quality))
     if telemetry and not _is_local(url):
         result.quality.append(Quality("telemetry_remote", f"no GPU telemetry: {url} is not this machine", "info"))
@@ -555,7 +591,8 @@ def capture_sglang(
 def _capture_level(url: str, info: dict[str, Any], caps: Capabilities, out: Path, *, duration_s: float,
                    num_steps: int | None, start_step: int | None, with_stack: bool, record_shapes: bool,
                    base_dir: Path, poll_timeout_s: float, spec: Any, warmup_s: float, step_dir: Any,
-                   telemetry: bool, force: bool, say: Callable[[str], None], quality: list[Quality]) -> LevelCapture:
+                   telemetry: bool, force: bool, say: Callable[[str], None], warn: Callable[[str], None],
+                   quality: list[Quality]) -> LevelCapture:
     from tracekit.capture.loadgen import LoadGenerator
 
     profile_id = f"tracekit-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
@@ -591,7 +628,7 @@ def _capture_level(url: str, info: dict[str, Any], caps: Capabilities, out: Path
         if num_steps is not None:
             try:
                 files = wait_for_traces(run_dir, expected=expected, profile_id=None,
-                                        timeout_s=max(duration_s, 0) + poll_timeout_s)
+                                        timeout_s=max(duration_s, 0) + poll_timeout_s, allow_missing=True)
             except CaptureError:
                 notes.append(Quality("sglang_steps_incomplete", f"{num_steps} steps did not complete in time "
                                      "(steps advance only while requests are served); stopped the profile by hand"))
@@ -609,7 +646,10 @@ def _capture_level(url: str, info: dict[str, Any], caps: Capabilities, out: Path
             load_result = gen.stop().to_json()
     say("waiting for the trace files of every rank")
     if files is None:
-        files = wait_for_traces(run_dir, expected=expected, profile_id=None, timeout_s=poll_timeout_s)
+        files = wait_for_traces(run_dir, expected=expected, profile_id=None, timeout_s=poll_timeout_s, allow_missing=True)
+    missing = missing_ranks(files, expected)
+    if missing:
+        notes.append(missing_ranks_quality(missing, len(expected or ()), run_dir, poll_timeout_s))
     if pid is not None and not all(f.name.startswith(profile_id) or f"-{profile_id}-" in f.name for f in files):
         notes.append(Quality("sglang_profile_id_ignored", "the server ignored the client profile_id", "info"))
     extra = [f for f in [tel_df] if f is not None]
@@ -637,6 +677,10 @@ def _capture_level(url: str, info: dict[str, Any], caps: Capabilities, out: Path
     }
     say(f"converting {len(files)} rank file(s) -> {out}")
     conv = _convert(files, out, extra_frames=extra, metadata=meta, force=force)
+    if missing:
+        labels = ", ".join(_rank_label(t, p) for t, p in missing)
+        warn(f"warning: partial trace: SGLang rank(s) {labels} wrote no trace file within {poll_timeout_s:g}s; "
+             f"wrote {out} with the other {len(files)} rank(s), flagged missing_ranks")
     return LevelCapture(out=out, load=load_result, files=files, profile_dir=run_dir, profile_request=body,
                         window_ns=(t0, t1), convert=conv)
 
