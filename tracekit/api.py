@@ -106,6 +106,7 @@ def analyze_frame(
         "schema_version": ANALYSIS_VERSION,
         "trace_schema_version": meta.get("schema_version"),
         "world_size": meta.get("world_size"),
+        "device_mode": meta.get("device_mode", "gpu"),
         "window": {
             "start_ns": win.start_ns,
             "end_ns": win.end_ns,

@@ -38,7 +38,10 @@ def render_analysis(res: dict[str, Any], out: TextIO | None = None, *, width: in
             con.print(f"  • {f}", markup=False)
         con.print()
     buckets = res.get("buckets") or []
-    t = Table(title="Where GPU time goes (exclusive; % of each rank's window)", show_lines=False)
+    title = "Where GPU time goes (exclusive; % of each rank's window)"
+    if res.get("device_mode") == "cpu":
+        title = "Where the forward threads' time goes (CPU mode: no GPU in this trace; % of each rank's window)"
+    t = Table(title=title, show_lines=False)
     t.add_column("rank", justify="right")
     t.add_column("window", justify="right")
     t.add_column("busy", justify="right")
