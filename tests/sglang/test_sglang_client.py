@@ -321,13 +321,23 @@ def test_end_to_end_trace_has_ranks_steps_and_server_info(tmp_path, monkeypatch)
     from tracekit.capture.sglang_plugin import load_step_records
     from tracekit.schema import read_trace
 
+    import fake_server
+
     steps = tmp_path / "steps"
     monkeypatch.setenv("TRACEKIT_STEP_DIR", str(steps))  # the fake server's forwards run tracekit's hook
-    # num_steps: the server stops its profiler by itself after 12 forwards, well before the client's window
-    # ends (it waits for the files), so the window holds profiled forwards and unprofiled ones after them
+    # Forwards of a few ms, as on a real server (the fake's take ~0.2 ms): the converter matches a record
+    # to its traced step within half a median record, which sub-ms forwards defeat (see the xfail below).
+    fwd = fake_server._Runner.forward
+
+    def ms_forward(self, fb, *a, **k):
+        out = fwd(self, fb, *a, **k)
+        time.sleep(0.003)
+        return out
+
+    monkeypatch.setattr(fake_server._Runner, "forward", ms_forward)
     with FakeSGLang(FakeConfig(tp_size=2, hook=True)) as f:
-        res = sc.capture_sglang(f.url, 0, tmp_path / "trace.parquet", num_steps=12, output_dir=tmp_path,
-                                step_dir=steps, telemetry=False, progress=False, poll_timeout_s=30)
+        res = sc.capture_sglang(f.url, 0.8, tmp_path / "trace.parquet", output_dir=tmp_path, step_dir=steps,
+                                telemetry=False, progress=False, poll_timeout_s=30)
     df, meta = read_trace(res.out)
     assert sorted(df["rank"].unique().to_list()) == [0, 1]
     assert meta["sglang_server_info"]["version"] == "0.5.23"
@@ -342,11 +352,12 @@ def test_end_to_end_trace_has_ranks_steps_and_server_info(tmp_path, monkeypatch)
     ext = from_trace.filter(pl.col("step_mode").cast(pl.String) == "EXTEND")
     if ext.height:
         assert (ext["tokens"] == ext["batch_size"] * 64).all()
-    # The hook's step records (rank 0: the fake runs one runner) that fall in the capture window.
-    # The converter drops a record that duplicates a traced step and gives the traced step the
-    # record's global forward id; records of forwards outside the profiled span stay, profiled=false.
+    # The hook's step records (rank 0: the fake runs one runner). The client keeps those that start in
+    # the capture window; the converter drops a record that duplicates a traced step and gives the traced
+    # step the record's global forward id; records of forwards outside the profiled span stay, profiled=false.
     t0, t1 = meta["capture"]["window_ns"]
-    recs = load_step_records(steps).filter((pl.col("ts_ns") >= t0) & (pl.col("ts_ns") <= t1)).sort("ts_ns")
+    every = load_step_records(steps).sort("ts_ns")
+    recs = every.filter((pl.col("ts_ns") >= t0) & (pl.col("ts_ns") <= t1))
     assert recs.height > 0 and set(recs["rank"].unique().to_list()) == {0}
     traced0 = from_trace.filter(pl.col("rank") == 0).sort("ts_ns")
     key = ["step_id", "step_mode", "batch_size", "tokens"]
@@ -354,16 +365,66 @@ def test_end_to_end_trace_has_ranks_steps_and_server_info(tmp_path, monkeypatch)
     def rows(f):
         return [(r[0], str(r[1]), r[2], r[3]) for r in f.select(key).rows()]
 
-    by_id = {r[0]: r for r in rows(recs)}
+    # each traced forward's own record is the one starting just before it (the hook wraps the range)
+    own = traced0.select(pl.col("ts_ns").alias("_t"), *key).join_asof(
+        every.select("ts_ns", *[pl.col(k).alias(f"r_{k}") for k in key]), left_on="_t", right_on="ts_ns",
+        strategy="backward")
+    in_window = own.filter(pl.col("ts_ns").is_between(t0, t1))  # a forward racing the stop may fall outside
+    assert in_window.height >= traced0.height - 1 and in_window.height > 0
+    assert rows(in_window) == [tuple(r) for r in in_window.select([f"r_{k}" for k in key]).with_columns(
+        pl.col("r_step_mode").cast(pl.String)).rows()]  # ids mapped to the capture's, mode/bs/tokens agree
     assert traced0["step_id"].is_unique().all()
-    assert rows(traced0) == [by_id[i] for i in traced0["step_id"].to_list()]  # ids mapped, mode/bs/tokens agree
     span_lo, span_hi = traced0["ts_ns"].min(), (traced0["ts_ns"] + traced0["dur_ns"]).max()
     kept = from_records.sort("ts_ns")
-    assert traced0.height == 12 and kept.height > 0 and kept["rank"].unique().to_list() == [0]
+    assert kept["rank"].unique().to_list() in ([], [0]) and not kept["profiled"].any()
     assert ((kept["ts_ns"] < span_lo) | (kept["ts_ns"] >= span_hi)).all()  # only forwards outside the span
-    assert not kept["profiled"].any()
-    assert sorted(rows(kept) + rows(traced0)) == sorted(rows(recs))  # every record is a traced step or kept
-    assert from_records.height == 0 or (from_records["ts_ns"].min() >= t0 and from_records["ts_ns"].max() <= t1)
+    assert sorted(rows(kept) + rows(in_window)) == sorted(rows(recs))  # every record: a traced step, or kept
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="tracekit/ingest/convert.py _dedupe_steps: the match tolerance is half the median duration of ALL "
+    "capture-side records, which unprofiled forwards dominate; profiled forwards are slower and the hook's record "
+    "starts before the traced range by the hook+profiler overhead, so when that offset exceeds half an unprofiled "
+    "forward no record matches: records of profiled forwards stay as duplicate unprofiled steps and the traced "
+    "steps keep trace-local ids that collide with the capture's global ids",
+)
+def test_dedupe_when_unprofiled_forwards_are_shorter_than_the_hook_offset(tmp_path):
+    """Golden: 4 traced forwards (400 us, under the profiler) whose hook records start 100 us earlier and
+    last 600 us, among 22 unprofiled records of 150 us. Intended: the 4 records are dropped, the traced
+    steps carry ids 10..13, the 22 others stay unprofiled, and no step id repeats on the rank."""
+    conv = _needs_convert()
+    from tracekit.schema import read_trace
+
+    base = 1_760_000_000_000_000_000
+    us = 1000
+    ev = []
+    for i in range(4):
+        t = 11000.0 + i * 5000
+        ev.append({"ph": "X", "cat": "user_annotation", "name": "tk.fwd[DECODE bs=8 tok=8]", "pid": 10, "tid": 10,
+                   "ts": t, "dur": 400.0})
+        ev.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 10, "tid": 10, "ts": t + 50, "dur": 300.0})
+    doc = {"schemaVersion": 1, "baseTimeNanoseconds": base, "distributedInfo": {"rank": 0, "world_size": 1},
+           "deviceProperties": [], "traceEvents": ev}
+    src = tmp_path / "p-TP-0.trace.json.gz"
+    src.write_bytes(gzip.compress(json.dumps(doc).encode()))
+
+    def rec(sid, t_us, dur_us):
+        return {"rank": 0, "kind": "step", "ts_ns": base + int(t_us * us), "dur_ns": int(dur_us * us),
+                "name": "tk.fwd[DECODE bs=8 tok=8]", "step_id": sid, "step_mode": "DECODE", "batch_size": 8,
+                "tokens": 8, "src": "tracekit.step"}
+
+    recs = [rec(8, 1000, 150), rec(9, 6000, 150)]
+    recs += [rec(10 + i, 11000 + i * 5000 - 100, 600) for i in range(4)]
+    recs += [rec(14 + j, 31000 + j * 5000, 150) for j in range(20)]
+    conv.convert([src], tmp_path / "t.parquet", extra_frames=[frame_from_rows(recs)])
+    df, _ = read_trace(tmp_path / "t.parquet")
+    st = df.filter(pl.col("kind").cast(pl.String) == "step").sort("ts_ns")
+    traced = st.filter(pl.col("src").cast(pl.String) != "tracekit.step")
+    kept = st.filter(pl.col("src").cast(pl.String) == "tracekit.step")
+    assert traced["step_id"].to_list() == [10, 11, 12, 13]
+    assert kept["step_id"].to_list() == [8, 9, *range(14, 34)] and not kept["profiled"].any()
+    assert st["step_id"].is_unique().all()
 
 
 def _graph_trace(path: Path) -> None:
