@@ -93,6 +93,16 @@ def test_rank_dies_mid_capture(tmp_path: Path, private_tmp: Path) -> None:
     assert list(private_tmp.glob("tracekit-capture-*")) == []  # run dir cleaned up
 
 
+def test_only_rank_dies_before_recording_anything(tmp_path: Path, private_tmp: Path) -> None:
+    """Nothing collected: a one-line CaptureError, no "kept in" hint pointing at an empty run directory."""
+    out = tmp_path / "t.parquet"
+    with pytest.raises(CaptureError) as ei:
+        _run_builtin(out, world=1, duration_s=30.0, crash_rank=0, crash_step=0)
+    msg = str(ei.value)
+    assert "\n" not in msg and "no rank wrote anything" in msg and "kept in" not in msg
+    assert not out.exists() and list(private_tmp.glob("tracekit-capture-*")) == []
+
+
 # ---- SIGINT / SIGTERM during capture (real `tracekit capture` process) ------------------------------------
 
 

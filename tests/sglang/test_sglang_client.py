@@ -383,11 +383,11 @@ def test_end_to_end_trace_has_ranks_steps_and_server_info(tmp_path, monkeypatch)
 
 @pytest.mark.xfail(
     strict=True,
-    reason="tracekit/ingest/convert.py _dedupe_steps: the match tolerance is half the median duration of ALL "
-    "capture-side records, which unprofiled forwards dominate; profiled forwards are slower and the hook's record "
-    "starts before the traced range by the hook+profiler overhead, so when that offset exceeds half an unprofiled "
-    "forward no record matches: records of profiled forwards stay as duplicate unprofiled steps and the traced "
-    "steps keep trace-local ids that collide with the capture's global ids",
+    reason="tracekit/ingest/convert.py _dedupe_steps: a record matches a traced step only if their starts are "
+    "within half the median duration of ALL capture-side records (short unprofiled forwards pull it down), but the "
+    "hook's record starts before the traced range by the hook+profiler overhead (0.03-0.1 ms on the CPU fake); once "
+    "that offset exceeds half a median record (sub-ms forwards) records of profiled forwards stay as duplicate "
+    "unprofiled steps and the unmatched traced steps keep trace-local ids that collide with the capture's global ids",
 )
 def test_dedupe_when_unprofiled_forwards_are_shorter_than_the_hook_offset(tmp_path):
     """Golden: 4 traced forwards (400 us, under the profiler) whose hook records start 100 us earlier and

@@ -147,6 +147,9 @@ def run_builtin(
         else:
             meta = run_info
     except BaseException as e:
+        if not _collected(run_dir):  # nothing worth keeping: the error stands as it is
+            shutil.rmtree(run_dir, ignore_errors=True)
+            raise
         where = _keep_after_failure(run_dir, keep_raw)
         hint = f"the collected per-rank traces are kept in {where}; convert them later with `python -m tracekit.capture.assemble {where} -o {out}`"
         if isinstance(e, TracekitError):
@@ -190,6 +193,11 @@ def _copy_raw(run_dir: Path, dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     for f in list(run_dir.glob("rank*")) + list(run_dir.glob("run.json")):
         shutil.copy2(f, dest / f.name)
+
+
+def _collected(run_dir: Path) -> bool:
+    """True when a rank left a profiler window or its records in ``run_dir``."""
+    return any(run_dir.glob("rank*.win*.trace.json.gz")) or any(run_dir.glob("rank*.extra.json"))
 
 
 def _keep_after_failure(run_dir: Path, keep_raw: Path | None) -> Path:
