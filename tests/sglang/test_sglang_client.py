@@ -326,7 +326,7 @@ def test_end_to_end_trace_has_ranks_steps_and_server_info(tmp_path, monkeypatch)
     steps = tmp_path / "steps"
     monkeypatch.setenv("TRACEKIT_STEP_DIR", str(steps))  # the fake server's forwards run tracekit's hook
     # Forwards of a few ms, as on a real server (the fake's take ~0.2 ms): the converter matches a record
-    # to its traced step within half a median record, which sub-ms forwards defeat (see the xfail below).
+    # to the traced step that starts inside it (the hook wraps the range); see the dedupe golden test below.
     fwd = fake_server._Runner.forward
 
     def ms_forward(self, fb, *a, **k):
@@ -381,14 +381,6 @@ def test_end_to_end_trace_has_ranks_steps_and_server_info(tmp_path, monkeypatch)
     assert sorted(rows(kept) + rows(in_window)) == sorted(rows(recs))  # every record: a traced step, or kept
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tracekit/ingest/convert.py _dedupe_steps: a record matches a traced step only if their starts are "
-    "within half the median duration of ALL capture-side records (short unprofiled forwards pull it down), but the "
-    "hook's record starts before the traced range by the hook+profiler overhead (0.03-0.1 ms on the CPU fake); once "
-    "that offset exceeds half a median record (sub-ms forwards) records of profiled forwards stay as duplicate "
-    "unprofiled steps and the unmatched traced steps keep trace-local ids that collide with the capture's global ids",
-)
 def test_dedupe_when_unprofiled_forwards_are_shorter_than_the_hook_offset(tmp_path):
     """Golden: 4 traced forwards (400 us, under the profiler) whose hook records start 100 us earlier and
     last 600 us, among 22 unprofiled records of 150 us. Intended: the 4 records are dropped, the traced

@@ -106,11 +106,15 @@ def _dedupe_steps(rank_df: pl.DataFrame, extra: pl.DataFrame) -> tuple[pl.DataFr
 
     A capture-side record (forward hook JSONL, tracekit instrumentation) of a
     forward that ran while the profiler recorded duplicates the trace's own
-    ``tk.fwd``/``step[...]`` step; it is matched by nearest start within half a
-    median step and dropped, and its ``step_id`` (the capture's global forward
-    number) is returned as a mapping for the traced step so both numberings
-    agree. Unmatched records stay, with ``profiled`` false when unknown: they
-    are the unprofiled step timings.
+    ``tk.fwd``/``step[...]`` step. The hook wraps the traced range, so a record
+    matches the traced step that starts inside it (latest record starting at or
+    before the traced start, and ending after it); traced steps left over are
+    matched to the nearest record start within half the shortest record. Matched
+    records are dropped and their ``step_id`` (the capture's global forward
+    number) is returned as a mapping for the traced step; traced steps with no
+    record get ids past the capture's largest, so ids never repeat. Unmatched
+    records stay, with ``profiled`` false when unknown: they are the unprofiled
+    step timings.
     """
     if extra.height == 0:
         return extra, {}
@@ -122,12 +126,23 @@ def _dedupe_steps(rank_df: pl.DataFrame, extra: pl.DataFrame) -> tuple[pl.DataFr
         return extra, {}
     mapping: dict[int, int] = {}
     if traced.height:
-        tol = int(max(1, steps["dur_ns"].median() or 1) // 2)
-        m = steps.sort("ts_ns").join_asof(traced, left_on="ts_ns", right_on="_t", strategy="nearest", tolerance=tol, check_sortedness=False)
-        hit = m.filter(pl.col("_t").is_not_null())
+        recs = steps.select("_i", pl.col("ts_ns").alias("_rs"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("_re"), pl.col("step_id").alias("_rid")).sort("_rs")
+        m = traced.join_asof(recs, left_on="_t", right_on="_rs", strategy="backward", check_sortedness=False)
+        hit = m.filter(pl.col("_rs").is_not_null() & (pl.col("_t") <= pl.col("_re"))).unique("_i", keep="first")
+        rest = traced.filter(~pl.col("_tsid").is_in(hit.get_column("_tsid").implode()))
+        if rest.height:
+            left = recs.filter(~pl.col("_i").is_in(hit.get_column("_i").implode()))
+            tol = int(max(1, (steps["dur_ns"].min() or 1)) // 2)
+            m2 = rest.join_asof(left, left_on="_t", right_on="_rs", strategy="nearest", tolerance=tol, check_sortedness=False)
+            hit = pl.concat([hit, m2.filter(pl.col("_rs").is_not_null()).unique("_i", keep="first").select(hit.columns)])
         cand = cand.filter(~pl.col("_i").is_in(hit.get_column("_i").implode()))
-        pairs = hit.filter(pl.col("_tsid").is_not_null() & pl.col("step_id").is_not_null()).unique("_tsid", keep="first")
-        mapping = {int(a): int(b) for a, b in zip(pairs["_tsid"].to_list(), pairs["step_id"].to_list())}
+        pairs = hit.filter(pl.col("_tsid").is_not_null() & pl.col("_rid").is_not_null()).unique("_tsid", keep="first")
+        mapping = {int(a): int(b) for a, b in zip(pairs["_tsid"].to_list(), pairs["_rid"].to_list())}
+        if mapping:
+            unmapped = [int(x) for x in traced["_tsid"].drop_nulls().to_list() if int(x) not in mapping]
+            top = max([int(x) for x in steps["step_id"].drop_nulls().to_list()] + list(mapping.values()), default=-1)
+            for k, old in enumerate(sorted(set(unmapped))):
+                mapping[old] = top + 1 + k
     kept = cand.with_columns(
         pl.when(is_step).then(pl.col("profiled").fill_null(False)).otherwise(pl.col("profiled")).alias("profiled")
     ).drop("_i")
