@@ -310,7 +310,10 @@ def convert(
                 if k == "quality":
                     continue
                 meta[k] = v
-            meta["quality"] = [q.to_json() for q in quality] + list((metadata or {}).get("quality", []))
+            caller_q = list((metadata or {}).get("quality", []))
+            caller_codes = {q.get("code") for q in caller_q if isinstance(q, dict)}
+            # the capture knows more about missing ranks than the file count does: keep its flag only
+            meta["quality"] = [q.to_json() for q in quality if not (q.code == "missing_ranks" and "missing_ranks" in caller_codes)] + caller_q
             w.close(meta)
     finally:
         shutil.rmtree(part_dir, ignore_errors=True)
