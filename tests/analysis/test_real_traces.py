@@ -1,3 +1,4 @@
+import os
 """Cross-rank analysis on real traces from ../shared/traces (skipped when absent)."""
 
 from pathlib import Path
@@ -11,7 +12,7 @@ from tracekit.analysis.gaps import idle_causes
 from tracekit.analysis.pcie import pcie_phases
 from tracekit.analysis.stalls import detect_stalls
 
-TRACES = Path("/work/shared/traces")
+TRACES = Path(os.environ.get("TRACEKIT_TRACES", "/work/shared/traces") + "")
 NSYS = TRACES / "nsys" / "generated-h200"
 HTA = TRACES / "hta" / "trace_filter"
 

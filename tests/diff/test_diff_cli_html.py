@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import json
 import re
 from pathlib import Path
@@ -17,7 +19,7 @@ from tracekit.schema import write_trace
 
 from .test_diff_golden import run
 
-AI = Path("/work/shared/traces/nsys/nsys-ai")
+AI = Path(os.environ.get("TRACEKIT_TRACES", "/work/shared/traces") + "/nsys/nsys-ai")
 EVIL = '<script>alert("x")</script>&<img src=x onerror=1>'
 
 

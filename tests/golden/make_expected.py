@@ -13,6 +13,8 @@ compares exactly.
 
 from __future__ import annotations
 
+import os
+
 import json
 import sys
 import tempfile
@@ -21,7 +23,7 @@ from typing import Any
 
 __all__ = ["CASES", "compute", "main"]
 
-TRACES = Path("/work/shared/traces")
+TRACES = Path(os.environ.get("TRACEKIT_TRACES", "/work/shared/traces") + "")
 EXPECTED = Path(__file__).resolve().parent / "expected"
 
 #: case -> inputs (one capture)

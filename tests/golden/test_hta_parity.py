@@ -7,6 +7,8 @@ is not needed here. tracekit is run over the same window. See docs/hta_parity.md
 
 from __future__ import annotations
 
+import os
+
 import importlib.util
 import json
 from pathlib import Path
@@ -15,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPECTED = Path(__file__).resolve().parent / "expected"
-HTA_DIR = Path("/work/shared/traces/hta")
+HTA_DIR = Path(os.environ.get("TRACEKIT_TRACES", "/work/shared/traces") + "/hta")
 _spec = importlib.util.spec_from_file_location("hta_parity", ROOT / "benchmarks" / "hta_parity.py")
 hta_parity = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(hta_parity)  # type: ignore[union-attr]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 
 import polars as pl
@@ -13,7 +15,7 @@ from tracekit.schema import POLARS_SCHEMA
 
 NSYS = Path(__file__).resolve().parents[3] / "shared" / "traces" / "nsys"
 if not NSYS.exists():  # worktree elsewhere: the documented location
-    NSYS = Path("/work/shared/traces/nsys")
+    NSYS = Path(os.environ.get("TRACEKIT_TRACES", "/work/shared/traces") + "/nsys")
 H200 = NSYS / "generated-h200"
 AI = NSYS / "nsys-ai"
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import json
 from pathlib import Path
 
@@ -12,7 +14,7 @@ from tracekit.cli import app
 from tracekit.replay import replay
 from tracekit.schema import read_trace
 
-HTA = Path("/work/shared/traces/hta/critical_path")
+HTA = Path(os.environ.get("TRACEKIT_TRACES", "/work/shared/traces") + "/hta/critical_path")
 CASES = ["cuda_event_sync/event_sync_trace.json.gz", "cuda_event_sync_multi_stream/event_sync_trace.json.gz",
          "alexnet/benchmark_result_2869224_1695835535_trace.json.gz",
          "simple_add/benchmark_result_493459_1694039959_trace.json.gz"]

@@ -3,6 +3,8 @@ real 2×H200 nsys capture from ../shared/traces (converted on the fly)."""
 
 from __future__ import annotations
 
+import os
+
 import gzip
 import json
 import re
@@ -17,7 +19,7 @@ from tracekit.schema import frame_from_rows, write_trace
 from ._util import XSS, have_chromium, pre_json, run_page, small_rows
 from .test_perfetto import assert_nested
 
-NSYS = Path("/work/shared/traces/nsys/generated-h200")
+NSYS = Path(os.environ.get("TRACEKIT_TRACES", "/work/shared/traces") + "/nsys/generated-h200")
 
 
 @pytest.fixture

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import json
 import sys
 from pathlib import Path
@@ -20,7 +22,7 @@ from tracekit.ingest.convert import convert  # noqa: E402
 from tracekit.ingest.kineto import read_kineto  # noqa: E402
 from tracekit.schema import ARROW_SCHEMA, read_metadata, read_trace  # noqa: E402
 
-TRACES = Path("/work/shared/traces")
+TRACES = Path(os.environ.get("TRACEKIT_TRACES", "/work/shared/traces") + "")
 HTA, LENS = TRACES / "hta", TRACES / "tracelens"
 ALL = sorted(p for d in (HTA, LENS) if d.exists() for p in d.rglob("*") if p.is_file() and (p.name.endswith((".json", ".json.gz", ".raw.gz"))))
 #: inputs that are not Kineto traces, and the reason the one-line error must give
