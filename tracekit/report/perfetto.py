@@ -89,7 +89,9 @@ def nest_fix(f: pl.DataFrame, track: str = "tid") -> pl.DataFrame:
             par = prev.select("_trk", pl.col("start").alias("_ps"), pl.col("end").alias("_pe")).sort(["_trk", "_ps"])
             lvl = lvl.join_asof(par, left_on="start", right_on="_ps", by="_trk", strategy="backward",
                                 check_sortedness=False)
-            bad = pl.col("_pe").is_null() | (pl.col("start") >= pl.col("_pe")) & (pl.col("end") > pl.col("start"))
+            # no parent, or starts after the parent ended (a zero-length slice exactly at the parent's end still fits)
+            bad = pl.col("_pe").is_null() | (pl.col("start") > pl.col("_pe")) | (
+                (pl.col("start") == pl.col("_pe")) & (pl.col("end") > pl.col("start")))
             orphans.append(lvl.filter(bad).drop(["_ps", "_pe"]))
             lvl = lvl.filter(~bad).with_columns(pl.min_horizontal("end", "_pe").alias("end")).drop(["_ps", "_pe"])
         nxt = pl.col("start").shift(-1).over("_trk")
