@@ -23,7 +23,6 @@ the nccl-tests convention.
 
 from __future__ import annotations
 
-import json
 import polars as pl
 
 from tracekit._errors import Quality, QualityLog
@@ -103,14 +102,10 @@ def _busbw_factor(n: pl.Expr) -> pl.Expr:
     )
 
 
-def _parse_ranks(s: str | None) -> int | None:
-    if not s:
-        return None
-    try:
-        v = json.loads(s)
-    except ValueError:
-        return None
-    return len(v) if isinstance(v, list) and v else None
+def _ranks_count(s: pl.Expr) -> pl.Expr:
+    """Number of ranks in a JSON list string like ``[0, 1]`` (null when empty or not a list), vectorized."""
+    n = s.str.count_matches(r"-?\d+").cast(pl.Int64)
+    return pl.when(s.str.contains(r"^\s*\[") & (n > 0)).then(n).otherwise(None)
 
 
 def _assign_groups(ops: pl.DataFrame) -> pl.DataFrame:
@@ -194,7 +189,7 @@ def match_collectives(df: pl.DataFrame) -> pl.DataFrame:
         _norm_coll_name(),
         _algo(),
         (nel * dtype_b).alias("bytes"),
-        pl.col("pg_ranks").cast(pl.String).map_elements(_parse_ranks, return_dtype=pl.Int64).alias("_pgn")
+        _ranks_count(pl.col("pg_ranks").cast(pl.String)).alias("_pgn")
         if ops.get_column("pg_ranks").null_count() < ops.height else pl.lit(None, pl.Int64).alias("_pgn"),
         (pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns"),
     )
