@@ -11,6 +11,8 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from tracekit.report._fmt import ms, num
+
 __all__ = ["render_html"]
 
 _CSS = """
@@ -36,15 +38,10 @@ def _e(v: Any) -> str:
 
 
 def _num(v: Any, digits: int = 3) -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, float):
-        return f"{v:,.{digits}f}"
-    return _e(v)
+    return _e(num(v, digits))
 
 
-def _ms(ns: float | None) -> str:
-    return "—" if ns is None else f"{ns / 1e6:,.3f}"
+_ms = ms
 
 
 def _rel(v: float | None) -> str:

@@ -8,15 +8,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from tracekit.report._fmt import ms, num
+
 __all__ = ["render_terminal"]
 
 
-def _f(v: Any, digits: int = 3) -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, float):
-        return f"{v:,.{digits}f}"
-    return str(v)
+_f = num
 
 
 def _rel(v: float | None) -> Text:
@@ -30,8 +27,7 @@ def _short(name: str, n: int = 70) -> str:
     return name if len(name) <= n else name[: n - 1] + "…"
 
 
-def _ms(ns: float | None) -> str:
-    return "—" if ns is None else f"{ns / 1e6:,.3f}"
+_ms = ms
 
 
 def render_terminal(res: Any, console: Console | None = None) -> None:
