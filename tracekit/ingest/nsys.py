@@ -134,6 +134,17 @@ class _Reader:
         df = df.join(self.cuda_dev, left_on=["_proc", "deviceId"], right_on=["_proc", "_gpu"], how="left")
         return df.with_columns(pl.coalesce("_cuda", "deviceId").cast(pl.Int32).alias("device")).drop("_cuda")
 
+    def _gpu_lane(self, kind: str) -> list[pl.Expr]:
+        """kind, times and the GPU lane (Kineto convention: pid = device, tid = stream) of a device-side row."""
+        return [
+            pl.lit(kind).alias("kind"),
+            *self._times(),
+            pl.col("device"),
+            pl.col("streamId").alias("stream"),
+            pl.col("device").cast(pl.Int64).alias("pid"),
+            pl.col("streamId").alias("tid"),
+        ]
+
     def _times(self, start: str = "start", end: str | None = "end") -> list[pl.Expr]:
         ts = (pl.col(start) + self.offset).alias("ts_ns")
         if end is None:
@@ -159,12 +170,7 @@ class _Reader:
             self.q.add("nsys_unnamed_kernels", f"{self.src.path.name}: {missing} kernels without a name in StringIds",
                        count=missing)
         return k.select(
-            pl.lit("kernel").alias("kind"),
-            *self._times(),
-            "device",
-            pl.col("streamId").alias("stream"),
-            pl.col("device").cast(pl.Int64).alias("pid"),
-            pl.col("streamId").alias("tid"),
+            *self._gpu_lane("kernel"),
             pl.coalesce(pl.when(pl.col("_dn").str.len_bytes() > 0).then(pl.col("_dn")), pl.col("_sn"),
                         pl.lit("<unknown kernel>")).alias("name"),
             pl.col("correlationId").alias("correlation"),
@@ -189,12 +195,7 @@ class _Reader:
         smem = pl.col("srcKind").replace_strict(MEM_KINDS, default="Unknown", return_dtype=pl.String)
         dmem = pl.col("dstKind").replace_strict(MEM_KINDS, default="Unknown", return_dtype=pl.String)
         return m.select(
-            pl.lit("memcpy").alias("kind"),
-            *self._times(),
-            "device",
-            pl.col("streamId").alias("stream"),
-            pl.col("device").cast(pl.Int64).alias("pid"),
-            pl.col("streamId").alias("tid"),
+            *self._gpu_lane("memcpy"),
             pl.format("Memcpy {} ({} -> {})", kind, smem, dmem).alias("name"),
             pl.col("correlationId").alias("correlation"),
             (pl.col("graphNodeId") if "graphNodeId" in m.columns else pl.lit(None, pl.Int64)).alias("graph_node_id"),
@@ -215,12 +216,7 @@ class _Reader:
         mk = (pl.col("memKind") if "memKind" in m.columns else pl.lit(2, pl.Int64)).replace_strict(
             MEM_KINDS, default="Unknown", return_dtype=pl.String)
         return m.select(
-            pl.lit("memset").alias("kind"),
-            *self._times(),
-            "device",
-            pl.col("streamId").alias("stream"),
-            pl.col("device").cast(pl.Int64).alias("pid"),
-            pl.col("streamId").alias("tid"),
+            *self._gpu_lane("memset"),
             pl.format("Memset ({})", mk).alias("name"),
             pl.col("correlationId").alias("correlation"),
             (pl.col("graphNodeId") if "graphNodeId" in m.columns else pl.lit(None, pl.Int64)).alias("graph_node_id"),
@@ -237,12 +233,7 @@ class _Reader:
             return None
         s = self._device(s.with_columns(_pid("globalPid").alias("_proc"), _nullify_sentinel("streamId")))
         return s.select(
-            pl.lit("sync").alias("kind"),
-            *self._times(),
-            "device",
-            pl.col("streamId").alias("stream"),
-            pl.col("device").cast(pl.Int64).alias("pid"),
-            pl.col("streamId").alias("tid"),
+            *self._gpu_lane("sync"),
             pl.col("syncType").replace_strict(SYNC_NAMES, default="Unknown Sync", return_dtype=pl.String).alias("name"),
             pl.col("correlationId").alias("correlation"),
             pl.lit("cuda_sync").alias("src"),
