@@ -21,7 +21,7 @@ import polars as pl
 from tracekit._errors import Quality, QualityLog
 from tracekit.analysis.collectives import match_collectives
 
-__all__ = ["AlignResult", "align_clocks", "apply_offsets", "RESIDUAL_WARN_NS"]
+__all__ = ["AlignResult", "align_clocks", "solve_clock_offsets", "apply_offsets", "RESIDUAL_WARN_NS"]
 
 RESIDUAL_WARN_NS = 50_000
 
@@ -30,7 +30,7 @@ RESIDUAL_WARN_NS = 50_000
 class AlignResult:
     """``df`` aligned; ``offsets_ns`` added per rank (on top of any offsets in the metadata)."""
 
-    df: pl.DataFrame
+    df: pl.DataFrame | None  # None from solve_clock_offsets (offsets only)
     offsets_ns: dict[int, int]
     residual_ns: int | None
     residual_before_ns: int | None
@@ -74,20 +74,43 @@ def align_clocks(
     instances: pl.DataFrame | None = None,
     min_instances: int = 3,
     iterations: int = 5,
+    ranks: list[int] | None = None,
 ) -> AlignResult:
     """Refine per-rank clock offsets from collective end times and apply them (pure).
 
     ``meta`` is read for ``clock_offsets_ns`` already applied by the converter
     (reported in quality details only). Returns an :class:`AlignResult` which also
-    unpacks as ``(df_aligned, offsets_ns, residual_ns)``.
+    unpacks as ``(df_aligned, offsets_ns, residual_ns)``. ``ranks`` (default: the
+    ranks of ``df``) are the ranks offsets are solved for: pass them when ``df`` holds
+    only the collective rows of a trace.
+    """
+    if ranks is None:
+        ranks = sorted(int(r) for r in df.get_column("rank").unique().to_list())
+    if instances is None and len(ranks) >= 2:
+        instances = match_collectives(df)
+    al = solve_clock_offsets(ranks, instances, meta, min_instances=min_instances, iterations=iterations)
+    al.df = apply_offsets(df, al.offsets_ns) if al.applied else df
+    return al
+
+
+def solve_clock_offsets(
+    ranks: list[int],
+    instances: pl.DataFrame | None,
+    meta: Mapping[str, Any] | None = None,
+    *,
+    min_instances: int = 3,
+    iterations: int = 5,
+) -> AlignResult:
+    """The offsets of :func:`align_clocks` from matched instances alone (``df`` of the result is None).
+
+    Needs only the instance table (collective rows of all ranks), never a whole trace:
+    apply the offsets per rank with :func:`apply_offsets`.
     """
     q = QualityLog()
-    ranks = sorted(int(r) for r in df.get_column("rank").unique().to_list())
+    ranks = sorted(int(r) for r in ranks)
     zero = {r: 0 for r in ranks}
-    if len(ranks) < 2:
-        return AlignResult(df, zero, None, None, 0, False, list(q))
-    if instances is None:
-        instances = match_collectives(df)
+    if len(ranks) < 2 or instances is None:
+        return AlignResult(None, zero, None, None, 0, False, list(q))  # type: ignore[arg-type]
     ends = instances.filter((pl.col("quality") == "ok") & (pl.col("n_ranks") >= 2)).select("pg", "seq", "rank", "end_ns")
     if ends.height:  # relative times keep float math exact (absolute ns exceed float64 precision)
         ends = ends.with_columns(pl.col("end_ns") - int(ends["end_ns"].min()))
@@ -96,7 +119,7 @@ def align_clocks(
         q.add("clock_alignment_skipped",
               f"only {n_inst} matched collective instance(s) (need {min_instances}); ranks kept on absolute time",
               severity="info")
-        return AlignResult(df, zero, None, None, int(n_inst), False, list(q))
+        return AlignResult(None, zero, None, None, int(n_inst), False, list(q))  # type: ignore[arg-type]
     off: dict[int, float] = {r: 0.0 for r in ranks}
     for _ in range(iterations):
         e = ends.with_columns(
@@ -130,5 +153,4 @@ def align_clocks(
               f"collective end times still differ by {res / 1000:.1f} µs (p90) after alignment; "
               "cross-rank waits below that are not meaningful",
               residual_ns=res, prior_offsets_ns=(meta or {}).get("clock_offsets_ns"))
-    out = apply_offsets(df, offsets) if applied else df
-    return AlignResult(out, offsets, res, int(round(before90)) if before90 is not None else None, int(n_inst), applied, list(q))
+    return AlignResult(None, offsets, res, int(round(before90)) if before90 is not None else None, int(n_inst), applied, list(q))  # type: ignore[arg-type]

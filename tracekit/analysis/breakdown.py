@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from tracekit.analysis.intervals import clip, union_length
-from tracekit.analysis.window import Window, gpu_ops
+from tracekit.analysis.intervals import clip
+from tracekit.analysis.window import Window, cpu_mode_ranks, device_op_expr
 
-__all__ = ["PRIORITY", "Breakdown", "compute_breakdown", "top_kernels", "uncategorized_top"]
+__all__ = ["PRIORITY", "SPLIT_PRIORITY", "Breakdown", "compute_breakdown", "breakdown_finish", "top_kernels", "uncategorized_top",
+           "kernel_totals", "merge_kernel_totals"]
 
 PRIORITY = ("moe_gemm", "moe_routing", "attention", "dense_gemm", "other_compute", "memory", "communication")
 SPLIT_PRIORITY = ("moe_gemm", "moe_routing", "attention", "dense_gemm", "other_compute", "memory", "comm_transfer", "comm_wait")
@@ -75,23 +76,29 @@ def compute_breakdown(
     window: Window | None = None,
     *,
     comm_parts: pl.DataFrame | None = None,
+    split: bool | None = None,
 ) -> Breakdown:
     """Exclusive per-rank split of the window (see module docstring).
 
     ``comm_parts``: optional intervals ``rank, start, end, part`` with part in
-    {comm_transfer, comm_wait} that replace communication ops.
+    {comm_transfer, comm_wait} that replace communication ops. ``split`` (default:
+    whether ``comm_parts`` has rows) says whether the communication bucket is split:
+    pass the whole trace's answer when ``df`` is one rank of it.
     """
     window = window or Window(None, None)
-    ops = gpu_ops(df).select(
+    if split is None:
+        split = comm_parts is not None and comm_parts.height > 0
+    ops = df.lazy().filter(device_op_expr(cpu_mode_ranks(df))).select(
         "rank", "ts_ns", "dur_ns", pl.col("category").cast(pl.String).fill_null("other_compute").alias("bucket")
-    )
+    ).collect()
     if ops.height == 0:
-        empty = pl.DataFrame(schema={"rank": pl.Int32, "window_start_ns": pl.Int64, "window_ns": pl.Int64, "gpu_busy_ns": pl.Int64, **{b: pl.Int64 for b in PRIORITY}, "idle": pl.Int64})
-        return Breakdown(empty, PRIORITY, window, ["no GPU ops"])
+        return Breakdown(_empty_table(PRIORITY), PRIORITY, window, ["no GPU ops"])
     bounds = _bounds(ops, window)
     iv = ops.select("rank", pl.col("ts_ns").alias("start"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("end"), "bucket")
     buckets = PRIORITY
-    if comm_parts is not None and comm_parts.height:
+    if split:
+        if comm_parts is None:
+            comm_parts = pl.DataFrame(schema={"rank": pl.Int64, "start": pl.Int64, "end": pl.Int64, "part": pl.String})
         iv = pl.concat(
             [
                 iv.filter(pl.col("bucket") != "communication"),
@@ -105,11 +112,7 @@ def compute_breakdown(
     iv = clip(iv, pl.col("lo"), pl.col("hi")).select("rank", "start", "end", "bucket")
     prio = {b: i for i, b in enumerate(buckets)}
     iv = iv.with_columns(pl.col("bucket").replace_strict(prio, default=len(buckets) - 1, return_dtype=pl.Int32).alias("_p"))
-    cum_rows = []
-    for k in range(len(buckets)):
-        u = union_length(iv.filter(pl.col("_p") <= k), by="rank").with_columns(pl.lit(k).alias("_k"))
-        cum_rows.append(u)
-    cum = pl.concat(cum_rows).pivot(on="_k", index="rank", values="length") if cum_rows else None
+    cum = _cumulative_unions(iv, len(buckets))
     table = bounds.group_by("rank").agg(pl.col("lo").min().alias("window_start_ns"), (pl.col("hi") - pl.col("lo")).sum().alias("window_ns"))
     if cum is not None:
         table = table.join(cum, on="rank", how="left")
@@ -126,32 +129,93 @@ def compute_breakdown(
     return Breakdown(table, buckets, window)
 
 
-def _windowed(df: pl.DataFrame, window: Window) -> pl.DataFrame:
-    ops = gpu_ops(df)
+def _cumulative_unions(iv: pl.DataFrame, n: int) -> pl.DataFrame:
+    """``rank, "0" .. "n-1"``: per rank, the length of the union of the intervals of priority ≤ k.
+
+    One sweep over the sorted interval boundaries instead of ``n`` unions: after the boundaries
+    at ``t``, ``count_k`` intervals of priority ``k`` are open until the next boundary, and that
+    stretch belongs to the smallest ``k`` with ``count_k > 0`` (the exclusive attribution);
+    cumulative sums over ``k`` give the unions. Integer arithmetic: the same numbers as
+    ``intervals.union_length`` per priority prefix.
+    """
+    ev = pl.concat([
+        iv.select("rank", pl.col("start").alias("t"), pl.lit(1, pl.Int32).alias("d"), "_p"),
+        iv.select("rank", pl.col("end").alias("t"), pl.lit(-1, pl.Int32).alias("d"), "_p"),
+    ]).sort(["rank", "t"])
+    ev = ev.with_columns(
+        [pl.when(pl.col("_p") == k).then(pl.col("d")).otherwise(0).cum_sum().over("rank").alias(f"_c{k}") for k in range(n)]
+        + [(pl.col("t").shift(-1).over("rank") - pl.col("t")).alias("_len")]
+    )
+    top = pl.when(pl.col("_c0") > 0).then(0)
+    for k in range(1, n):
+        top = top.when(pl.col(f"_c{k}") > 0).then(k)
+    seg = ev.select("rank", top.otherwise(None).alias("_top"), "_len").filter(pl.col("_top").is_not_null() & (pl.col("_len") > 0))
+    return seg.group_by("rank").agg([pl.col("_len").filter(pl.col("_top") <= k).sum().alias(str(k)) for k in range(n)])
+
+
+def _empty_table(buckets: tuple[str, ...]) -> pl.DataFrame:
+    return pl.DataFrame(schema={"rank": pl.Int32, "window_start_ns": pl.Int64, "window_ns": pl.Int64, "gpu_busy_ns": pl.Int64,
+                                **{b: pl.Int64 for b in buckets}, "idle": pl.Int64})
+
+
+def breakdown_finish(parts: list[Breakdown], window: Window, *, split: bool) -> Breakdown:
+    """Per-rank breakdowns (each from :func:`compute_breakdown` on one rank's rows) → one table sorted by rank."""
+    tables = [p.table for p in parts if p.table.height]
+    if not tables:
+        return Breakdown(_empty_table(PRIORITY), PRIORITY, window, ["no GPU ops"])
+    buckets = SPLIT_PRIORITY if split else PRIORITY
+    return Breakdown(pl.concat(tables, how="vertical_relaxed").sort("rank", maintain_order=True), buckets, window)
+
+
+def _windowed(df: pl.DataFrame, window: Window, columns: list[str] | None = None) -> pl.DataFrame:
+    """Device ops overlapping the window (only ``columns`` when given)."""
+    e = device_op_expr(cpu_mode_ranks(df))
     if window.start_ns is not None:
-        ops = ops.filter(pl.col("ts_ns") + pl.col("dur_ns") > window.start_ns)
+        e = e & (pl.col("ts_ns") + pl.col("dur_ns") > window.start_ns)
     if window.end_ns is not None:
-        ops = ops.filter(pl.col("ts_ns") < window.end_ns)
+        e = e & (pl.col("ts_ns") < window.end_ns)
     if window.spans:
         inside = pl.lit(False)
         for a, b in window.spans:
             inside = inside | ((pl.col("ts_ns") + pl.col("dur_ns") > a) & (pl.col("ts_ns") < b))
-        ops = ops.filter(inside)
-    return ops
+        e = e & inside
+    q = df.lazy().filter(e)
+    return (q.select(columns) if columns is not None else q).collect()
 
 
-def top_kernels(df: pl.DataFrame, window: Window | None = None, *, n: int = 5) -> pl.DataFrame:
-    """Top ``n`` names per category over all ranks: category, name, count, total_ns, mean_ns."""
-    ops = _windowed(df, window or Window(None, None))
-    g = ops.group_by(pl.col("category").cast(pl.String), pl.col("name").cast(pl.String)).agg(
-        pl.len().alias("count"), pl.col("dur_ns").sum().alias("total_ns")
+def kernel_totals(df: pl.DataFrame, window: Window | None = None) -> pl.DataFrame:
+    """Partial aggregate of :func:`top_kernels` / :func:`uncategorized_top`: per (category, name,
+    ``other`` = no rule matched): ``count, total_ns`` of the ops overlapping the window. Sums of
+    several ranks' totals (:func:`merge_kernel_totals`) equal the totals of the ranks together."""
+    ops = _windowed(df, window or Window(None, None), ["category", "name", "family", "dur_ns"])
+    # group on the (categorical) columns, make strings for the groups only
+    g = ops.group_by("category", "name", "family").agg(pl.len().cast(pl.Int64).alias("count"), pl.col("dur_ns").sum().alias("total_ns"))
+    g = g.select(
+        pl.col("category").cast(pl.String), pl.col("name").cast(pl.String),
+        (pl.col("family").cast(pl.String) == "other").fill_null(False).alias("other"), "count", "total_ns",
     )
+    return g.group_by("category", "name", "other").agg(pl.col("count").sum(), pl.col("total_ns").sum())
+
+
+def merge_kernel_totals(parts: list[pl.DataFrame]) -> pl.DataFrame:
+    """Sum :func:`kernel_totals` of disjoint row sets (e.g. one per rank)."""
+    if len(parts) == 1:
+        return parts[0]
+    return pl.concat(parts, how="vertical_relaxed").group_by("category", "name", "other").agg(pl.col("count").sum(), pl.col("total_ns").sum())
+
+
+def top_kernels(df: pl.DataFrame | None, window: Window | None = None, *, n: int = 5, totals: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Top ``n`` names per category over all ranks: category, name, count, total_ns, mean_ns.
+
+    ``totals``: precomputed :func:`kernel_totals` (then ``df`` is not read)."""
+    t = totals if totals is not None else kernel_totals(df, window)  # type: ignore[arg-type]
+    g = t.group_by("category", "name").agg(pl.col("count").sum(), pl.col("total_ns").sum())
     g = g.with_columns((pl.col("total_ns") // pl.col("count")).alias("mean_ns"))
     return g.sort(["category", "total_ns", "name"], descending=[False, True, False]).group_by("category", maintain_order=True).head(n)
 
 
-def uncategorized_top(df: pl.DataFrame, window: Window | None = None, *, n: int = 10) -> pl.DataFrame:
+def uncategorized_top(df: pl.DataFrame | None, window: Window | None = None, *, n: int = 10, totals: pl.DataFrame | None = None) -> pl.DataFrame:
     """Names no rule matched (family ``other``), by total time."""
-    ops = _windowed(df, window or Window(None, None)).filter(pl.col("family").cast(pl.String) == "other")
-    g = ops.group_by(pl.col("name").cast(pl.String)).agg(pl.len().alias("count"), pl.col("dur_ns").sum().alias("total_ns"))
+    t = totals if totals is not None else kernel_totals(df, window)  # type: ignore[arg-type]
+    g = t.filter(pl.col("other")).group_by("name").agg(pl.col("count").sum(), pl.col("total_ns").sum())
     return g.sort(["total_ns", "name"], descending=[True, False]).head(n)

@@ -57,12 +57,18 @@ INSTANCE_COLUMNS = [
 _COMM_FAMILY = r"^(allreduce|collective)\."
 
 
-def collective_ops(df: pl.DataFrame) -> pl.DataFrame:
+def collective_ops(df: pl.DataFrame, *, cpu_ranks: list[int] | None = None) -> pl.DataFrame:
     """GPU kernels that are collectives (category ``communication`` or an allreduce/collective family);
-    in CPU mode gloo's one range per collective (docs/cpu_mode.md; the issuing ``c10d::`` op has no category)."""
+    in CPU mode gloo's one range per collective (docs/cpu_mode.md; the issuing ``c10d::`` op has no category).
+
+    ``cpu_ranks``: the CPU-mode ranks of the whole trace when ``df`` holds only some of its rows
+    (the small cross-rank rows of :class:`tracekit.analysis.window.Overview`); default: from ``df``.
+    """
     fam = pl.col("family").cast(pl.String)
-    is_coll = (pl.col("category").cast(pl.String) == "communication") | fam.str.contains(_COMM_FAMILY)
-    return df.filter(((pl.col("kind").cast(pl.String) == "kernel") | cpu_device_expr(cpu_mode_ranks(df))) & is_coll.fill_null(False))
+    is_coll = (pl.col("category") == "communication") | fam.str.contains(_COMM_FAMILY)
+    if cpu_ranks is None:
+        cpu_ranks = cpu_mode_ranks(df)
+    return df.filter(((pl.col("kind") == "kernel") | cpu_device_expr(cpu_ranks)) & is_coll.fill_null(False))
 
 
 def _norm_coll_name() -> pl.Expr:
@@ -113,7 +119,7 @@ def _assign_groups(ops: pl.DataFrame) -> pl.DataFrame:
     ops = ops.with_columns(
         pl.when(pg.is_not_null()).then(pl.lit("pg:") + pg)
         .otherwise(pl.lit("fam:") + pl.col("family").cast(pl.String).fill_null("unknown")).alias("pg")
-    ).sort(["rank", "pg", "ts_ns"])
+    ).sort(["rank", "pg", "ts_ns"], maintain_order=True)
     ordinal = pl.int_range(pl.len()).over(["rank", "pg"]).cast(pl.Int64)
     # recorded sequence numbers are used only when complete and unique per (rank, group); traces assembled
     # from several profiler windows by older converters restart them per window
@@ -169,14 +175,14 @@ def _fix_count_mismatch(ops: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def match_collectives(df: pl.DataFrame) -> pl.DataFrame:
+def match_collectives(df: pl.DataFrame, *, cpu_ranks: list[int] | None = None) -> pl.DataFrame:
     """One row per (collective instance, rank); columns :data:`INSTANCE_COLUMNS`.
 
     ``quality`` is ``ok``, ``incomplete`` (fewer ranks than the group has) or
     ``mismatched`` (ranks disagree on collective name or message size). Wait and
     transfer are computed among the ranks present in every case.
     """
-    ops = collective_ops(df)
+    ops = collective_ops(df, cpu_ranks=cpu_ranks)
     if ops.height == 0:
         return _empty_instances()
     ops = _assign_groups(ops)
@@ -228,7 +234,7 @@ def match_collectives(df: pl.DataFrame) -> pl.DataFrame:
         pl.col("n_ranks").cast(pl.Int64),
         pl.col("group_size").cast(pl.Int64),
     ).rename({"ts_ns": "arrival_ns"})
-    return out.select(INSTANCE_COLUMNS).sort(["pg", "seq", "rank"])
+    return out.select(INSTANCE_COLUMNS).sort(["pg", "seq", "rank"], maintain_order=True)
 
 
 def _empty_instances() -> pl.DataFrame:
@@ -271,7 +277,7 @@ def collective_summary(instances: pl.DataFrame) -> pl.DataFrame:
         )
         .select(["pg", "coll_name", "count", "ranks", "kernel_ns", "wait_ns", "transfer_ns", "wait_share",
                  "bytes_p50", "bus_bw_p50_bytes_per_s", "algos", "not_ok"])
-        .sort("kernel_ns", descending=True)
+        .sort(["kernel_ns", "pg", "coll_name"], descending=[True, False, False], nulls_last=True)
     )
 
 
@@ -301,7 +307,7 @@ def collective_quality(instances: pl.DataFrame) -> list[Quality]:
     return list(q)
 
 
-def split_communication(df: pl.DataFrame, instances: pl.DataFrame | None = None) -> pl.DataFrame:
+def split_communication(df: pl.DataFrame, instances: pl.DataFrame | None = None, *, cpu_ranks: list[int] | None = None) -> pl.DataFrame:
     """Per collective kernel: intervals ``rank, start, end, part`` with part ``comm_wait`` / ``comm_transfer``.
 
     For a matched kernel the first ``wait_ns`` of it is ``comm_wait`` and the rest
@@ -310,8 +316,8 @@ def split_communication(df: pl.DataFrame, instances: pl.DataFrame | None = None)
     algebra for exclusive attribution.
     """
     if instances is None:
-        instances = match_collectives(df)
-    ops = collective_ops(df).select(
+        instances = match_collectives(df, cpu_ranks=cpu_ranks)
+    ops = collective_ops(df, cpu_ranks=cpu_ranks).select(
         pl.col("rank").cast(pl.Int64), pl.col("ts_ns").alias("start"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("end")
     )
     w = instances.select(pl.col("rank"), pl.col("arrival_ns").alias("start"), pl.col("wait_ns"))
@@ -319,7 +325,7 @@ def split_communication(df: pl.DataFrame, instances: pl.DataFrame | None = None)
     mid = pl.min_horizontal(pl.col("start") + pl.col("wait_ns").fill_null(0), pl.col("end"))
     wait = j.select("rank", "start", mid.alias("end"), pl.lit("comm_wait").alias("part"))
     trans = j.select("rank", mid.alias("start"), "end", pl.lit("comm_transfer").alias("part"))
-    return pl.concat([wait, trans]).filter(pl.col("end") > pl.col("start")).sort(["rank", "start"])
+    return pl.concat([wait, trans]).filter(pl.col("end") > pl.col("start")).sort(["rank", "start"], maintain_order=True)
 
 
 def start_transient_end_ns(df: pl.DataFrame, instances: pl.DataFrame | None = None) -> int | None:

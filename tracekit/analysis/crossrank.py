@@ -10,22 +10,26 @@ Every number is defined in ``docs/metrics.md``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import polars as pl
 
 from tracekit._errors import QualityLog
-from tracekit.analysis.align import align_clocks
-from tracekit.analysis.collectives import collective_quality, collective_summary, match_collectives, split_communication
-from tracekit.analysis.efficiency import kernel_efficiency
-from tracekit.analysis.gaps import idle_causes, restrict_to_spans
-from tracekit.analysis.pcie import pcie_phases
-from tracekit.analysis.power import power_verdicts
-from tracekit.analysis.stalls import MIN_REL_STEP, MIN_WAIT_NS, detect_stalls, lost_by_rank, stall_summary
-from tracekit.analysis.steps import step_stats
-from tracekit.analysis.window import device_ops
+from tracekit.analysis.align import AlignResult, apply_offsets, solve_clock_offsets
+from tracekit.analysis.collectives import (collective_ops, collective_quality, collective_summary, match_collectives,
+                                           split_communication)
+from tracekit.analysis.efficiency import efficiency_finish, kernel_efficiency
+from tracekit.analysis.gaps import IdleCauses, idle_causes, restrict_to_spans
+from tracekit.analysis.pcie import PciePart, pcie_finish, pcie_part
+from tracekit.analysis.power import PowerResult, power_finish, power_part
+from tracekit.analysis.stalls import (MIN_REL_STEP, MIN_WAIT_NS, StallPart, StallPlan, empty_stalls, lost_by_rank, stall_finish,
+                                      stall_part, stall_plan, stall_steps, stall_summary)
+from tracekit.analysis.steps import StepPart, comm_wait_by_step, step_finish, step_part
+from tracekit.analysis.window import cpu_mode_ranks, device_op_expr
 
-__all__ = ["cross_rank_sections", "SECTION_KEYS"]
+__all__ = ["cross_rank_sections", "cross_rank_plan", "cross_rank_part", "cross_rank_finish", "CrossRankPlan", "CrossRankPart",
+           "SECTION_KEYS"]
 
 SECTION_KEYS = ("stalls", "collectives", "idle_causes_ns", "idle_gaps", "pcie_phases", "power", "steps", "kernel_efficiency", "findings")
 
@@ -84,52 +88,120 @@ def _records(df: pl.DataFrame, n: int | None = None) -> list[dict[str, Any]]:
     return (df.head(n) if n else df).to_dicts()
 
 
-def cross_rank_sections(df: pl.DataFrame, meta: Mapping[str, Any], opts: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """JSON sections (see :data:`SECTION_KEYS`) + ``_comm_parts``; pure (quality flags go to ``opts['quality']``).
+@dataclass
+class CrossRankPlan:
+    """The cross-rank half of :func:`cross_rank_sections`, from the small cross-rank rows only.
 
-    ``opts``: ``window`` (object with ``start_ns``/``end_ns``, None = whole trace), ``quality`` (a
-    :class:`QualityLog` to extend), ``min_wait_ns``, ``min_rel_step``, ``max_items`` (list caps).
+    ``inst``: matched instances (aligned time base) with arrival inside the window;
+    ``comm_parts``: every collective kernel's wait/transfer intervals in the input's time base
+    (for the breakdown); ``split``: whether the breakdown splits communication.
+    """
+
+    meta: Mapping[str, Any]
+    quality: QualityLog
+    max_items: int
+    lo: int | None
+    hi: int | None
+    spans: Any
+    align: AlignResult
+    inst: pl.DataFrame
+    comm_parts: pl.DataFrame
+    comm_wait: pl.DataFrame | None
+    stalls: StallPlan | None
+    min_wait: int
+    min_rel: float
+
+    @property
+    def split(self) -> bool:
+        return self.comm_parts.height > 0
+
+    def rank_instances(self, ranks: list[int] | None) -> pl.DataFrame:
+        return self.inst if ranks is None else self.inst.filter(pl.col("rank").is_in(ranks))
+
+
+@dataclass
+class CrossRankPart:
+    """Small outputs of :func:`cross_rank_part` for the ranks of one frame."""
+
+    stalls: StallPart | None
+    idle_totals: pl.DataFrame
+    idle_largest: pl.DataFrame
+    pcie: PciePart
+    power: PowerResult
+    steps: StepPart | None
+    efficiency: pl.DataFrame
+    extents: pl.DataFrame  # rank, w: device-op extent per rank in the window (findings)
+    rows: int  # rows in the window
+    gpu_rows: int  # GPU-op rows in the window (0 and rows > 0: CPU mode)
+    observed: dict[int, int] | None
+
+
+def cross_rank_plan(
+    small: pl.DataFrame,
+    meta: Mapping[str, Any],
+    opts: Mapping[str, Any] | None = None,
+    *,
+    ranks: list[int] | None = None,
+    cpu_ranks: list[int] | None = None,
+) -> CrossRankPlan:
+    """Collective matching, clock offsets, instance window, communication split and the stall plan.
+
+    ``small``: the trace's collective and step rows (:attr:`tracekit.analysis.window.Overview.small`,
+    or a whole frame); ``ranks``/``cpu_ranks``: of the whole trace (default: from ``small``).
+    ``opts`` as for :func:`cross_rank_sections`.
     """
     opts = dict(opts or {})
     q: QualityLog = opts.get("quality") if opts.get("quality") is not None else QualityLog()
     max_items = int(opts.get("max_items", 200))
     lo, hi = _window_bounds(opts.get("window"))
-
-    inst0 = match_collectives(df)
-    al = align_clocks(df, meta, instances=inst0)
+    if ranks is None:
+        ranks = sorted(int(r) for r in small.get_column("rank").unique().to_list())
+    if cpu_ranks is None:
+        cpu_ranks = cpu_mode_ranks(small)
+    coll = collective_ops(small, cpu_ranks=cpu_ranks)
+    inst0 = match_collectives(coll, cpu_ranks=cpu_ranks)
+    al = solve_clock_offsets(ranks, inst0, meta)
     q.extend(al.quality)
-    adf = al.df
-    inst_all = match_collectives(adf) if al.applied else inst0
+    inst_all = match_collectives(apply_offsets(coll, al.offsets_ns), cpu_ranks=cpu_ranks) if al.applied else inst0
     q.extend(collective_quality(inst_all))
     inst = inst_all
     if lo is not None:
         inst = inst.filter(pl.col("arrival_ns") >= lo)
     if hi is not None:
         inst = inst.filter(pl.col("arrival_ns") < hi)
-    wdf = _clip_rows(adf, lo, hi)
-
     # communication split in the caller's (unaligned) time base
     back = {int(k): -int(v) for k, v in al.offsets_ns.items()}
     inst_orig = inst_all.with_columns(
         (pl.col("arrival_ns") + pl.col("rank").replace_strict(back, default=0, return_dtype=pl.Int64)).alias("arrival_ns")
     ) if al.applied else inst_all
-    comm_parts = split_communication(df, inst_orig)
-
+    comm_parts = split_communication(coll, inst_orig, cpu_ranks=cpu_ranks)
+    del inst_orig, inst0
     min_wait = int(opts.get("min_wait_ns", MIN_WAIT_NS))
     min_rel = float(opts.get("min_rel_step", MIN_REL_STEP))
-    stalls = detect_stalls(inst, wdf, min_wait_ns=min_wait, min_rel_step=min_rel)
-    ssum = stall_summary(stalls)
-    lost = lost_by_rank(stalls)
-    csum = collective_summary(inst)
-    per_rank_comm = inst.group_by("rank").agg(
-        pl.col("dur_ns").sum().alias("kernel_ns"), pl.col("wait_ns").sum().alias("wait_ns"),
-        (pl.col("dur_ns") - pl.col("wait_ns")).sum().alias("transfer_ns"),
-    ).sort("rank") if inst.height else pl.DataFrame()
+    # stalls read the step rows of the aligned frame inside the window (the same rows each rank's slice holds)
+    steps = _clip_rows(apply_offsets(small.filter(pl.col("kind") == "step"), al.offsets_ns) if al.applied
+                       else small.filter(pl.col("kind") == "step"), lo, hi)
+    sp = stall_plan(inst, stall_steps(steps), min_wait_ns=min_wait, min_rel_step=min_rel)
+    return CrossRankPlan(meta, q, max_items, lo, hi, getattr(opts.get("window"), "spans", None), al, inst, comm_parts,
+                         comm_wait_by_step(inst), sp, min_wait, min_rel)
 
+
+def cross_rank_part(df: pl.DataFrame, plan: CrossRankPlan, *, ranks: list[int] | None = None) -> CrossRankPart:
+    """Per-rank analyses (stall inputs, idle causes, PCIe, power, steps, kernel efficiency) of the ranks in ``df``.
+
+    ``df``: one rank's rows (then ``ranks=[r]`` narrows the instance table to it) or a whole frame
+    (``ranks=None``), in the input's time base; the plan's clock offsets and window are applied here.
+    """
+    lo, hi, meta = plan.lo, plan.hi, plan.meta
+    adf = apply_offsets(df, plan.align.offsets_ns) if plan.align.applied else df
+    wdf = _clip_rows(adf, lo, hi)
+    del adf
+    inst = plan.rank_instances(ranks)
+    stalls = stall_part(plan.stalls, wdf) if plan.stalls is not None else None
     window = (lo, hi) if lo is not None and hi is not None else None
     idle = idle_causes(wdf, inst, window=window)
-    spans = getattr(opts.get("window"), "spans", None)
     observed = None
+    spans = plan.spans
     if spans:  # windowed capture: time between profiler windows was not recorded
         idle = restrict_to_spans(idle, spans)
         inside = pl.lit(False)
@@ -138,14 +210,44 @@ def cross_rank_sections(df: pl.DataFrame, meta: Mapping[str, Any], opts: Mapping
         wdf = wdf.filter(inside)
         total = sum(int(b) - int(a) for a, b in spans)
         observed = {int(r): total for r in wdf.get_column("rank").unique().to_list()}
-    pcie = pcie_phases(wdf, meta, instances=inst)
-    pw = power_verdicts(wdf, meta, observed_ns=observed)
-    st = step_stats(wdf, inst)
-    q.extend(st.quality)
+    pcie = pcie_part(wdf, meta, instances=inst)
+    pw = power_part(wdf, meta, observed_ns=observed)
+    st = step_part(wdf, plan.comm_wait)
     eff = kernel_efficiency(wdf, meta)
+    ext = wdf.lazy().filter(device_op_expr(cpu_mode_ranks(wdf))).group_by("rank").agg(
+        ((pl.col("ts_ns") + pl.col("dur_ns")).max() - pl.col("ts_ns").min()).alias("w")).collect()
+    gpu_rows = int(wdf.select(pl.col("kind").is_in(["kernel", "memcpy", "memset"]).sum()).item())
+    return CrossRankPart(stalls, idle.totals, idle.largest, pcie, pw, st, eff, ext, wdf.height, gpu_rows, observed)
 
+
+def cross_rank_finish(plan: CrossRankPlan, parts: list[CrossRankPart]) -> dict[str, Any]:
+    """JSON sections from the plan and every rank's :class:`CrossRankPart` (see :func:`cross_rank_sections`)."""
+    q, max_items, inst, al = plan.quality, plan.max_items, plan.inst, plan.align
+    if plan.stalls is not None:
+        stalls = stall_finish(plan.stalls, [p.stalls for p in parts if p.stalls is not None])
+    else:
+        stalls = empty_stalls()
+    ssum = stall_summary(stalls)
+    lost = lost_by_rank(stalls)
+    csum = collective_summary(inst)
+    per_rank_comm = inst.group_by("rank").agg(
+        pl.col("dur_ns").sum().alias("kernel_ns"), pl.col("wait_ns").sum().alias("wait_ns"),
+        (pl.col("dur_ns") - pl.col("wait_ns")).sum().alias("transfer_ns"),
+    ).sort("rank") if inst.height else pl.DataFrame()
+    idle = IdleCauses(pl.DataFrame(), _concat([p.idle_totals for p in parts], _IDLE_TOTALS),
+                      _concat([p.idle_largest for p in parts], _IDLE_GAPS))
+    pcie = pcie_finish([p.pcie for p in parts])
+    pw = power_finish([p.power for p in parts])
+    st = step_finish([p.steps for p in parts if p.steps is not None])
+    q.extend(st.quality)
+    eff = efficiency_finish([p.efficiency for p in parts])
+    observed: dict[int, int] | None = None
+    if plan.spans:
+        observed = {}
+        for p in parts:
+            observed.update(p.observed or {})
     out: dict[str, Any] = {
-        "stalls": _records(stalls.sort("wait_ns", descending=True).select(
+        "stalls": _records(stalls.sort("wait_ns", descending=True, maintain_order=True).select(
             "waiting_rank", "late_rank", "wait_ns", "ts_ns", "step", "collective", "cause", "detail"), max_items),
         "collectives": {
             "clock_alignment": al.to_json(),
@@ -155,7 +257,7 @@ def cross_rank_sections(df: pl.DataFrame, meta: Mapping[str, Any], opts: Mapping
             "stall_count": stalls.height,
             "stall_summary": _records(ssum),
             "lost_by_rank": {str(r): int(v) for r, v in zip(lost["rank"].to_list(), lost["lost_ns"].to_list())},
-            "thresholds": {"min_wait_ns": min_wait, "min_rel_step": min_rel},
+            "thresholds": {"min_wait_ns": plan.min_wait, "min_rel_step": plan.min_rel},
         },
         "idle_causes_ns": idle.by_rank_ns(),
         "idle_gaps": {str(r): _records(g.drop("rank"), 10) for (r,), g in idle.largest.group_by("rank", maintain_order=True)},
@@ -164,15 +266,46 @@ def cross_rank_sections(df: pl.DataFrame, meta: Mapping[str, Any], opts: Mapping
         "steps": st.to_json(max_steps=max_items),
         "kernel_efficiency": _records(eff, 50),
     }
-    out["findings"] = _findings(out, al.residual_ns, inst, idle, pcie, pw, st, eff, wdf, observed)
-    out["_comm_parts"] = comm_parts
+    extents = _concat([p.extents for p in parts], {"rank": pl.Int64, "w": pl.Int64})
+    wmap = {int(r): int(w) for r, w in zip(extents["rank"].to_list(), extents["w"].to_list())} if extents.height else {}
+    cpu = sum(p.rows for p in parts) > 0 and sum(p.gpu_rows for p in parts) == 0
+    out["findings"] = _findings(out, al.residual_ns, idle, pcie, pw, st, eff, wmap, cpu, observed)
     return out
 
 
-def _findings(out: dict[str, Any], residual: int | None, inst: pl.DataFrame, idle: Any, pcie: pl.DataFrame,
-              pw: Any, st: Any, eff: pl.DataFrame, wdf: pl.DataFrame, observed: dict[int, int] | None = None) -> list[str]:
+def _concat(frames: list[pl.DataFrame], empty: Mapping[str, Any] | None = None) -> pl.DataFrame:
+    have = [f for f in frames if f.width]
+    if not have:
+        return pl.DataFrame(schema=dict(empty or {"rank": pl.Int64}))
+    return pl.concat(have, how="vertical_relaxed")
+
+
+_IDLE_TOTALS = {"rank": pl.Int64, "cause": pl.String, "total_ns": pl.Int64, "count": pl.UInt32}
+_IDLE_GAPS = {"rank": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "dur_ns": pl.Int64, "cause": pl.String,
+              "step_id": pl.Int64, "next_name": pl.String, "detail": pl.String}
+
+
+def cross_rank_sections(df: pl.DataFrame, meta: Mapping[str, Any], opts: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """JSON sections (see :data:`SECTION_KEYS`) + ``_comm_parts``; pure (quality flags go to ``opts['quality']``).
+
+    ``opts``: ``window`` (object with ``start_ns``/``end_ns``, None = whole trace), ``quality`` (a
+    :class:`QualityLog` to extend), ``min_wait_ns``, ``min_rel_step``, ``max_items`` (list caps).
+
+    Runs as :func:`cross_rank_plan` (cross-rank, on the collective and step rows) →
+    :func:`cross_rank_part` (per rank; here once on the whole frame) → :func:`cross_rank_finish`;
+    ``tracekit.api.analyze`` runs the part once per rank instead.
+    """
+    ranks = sorted(int(r) for r in df.get_column("rank").unique().to_list())
+    plan = cross_rank_plan(df, meta, opts, ranks=ranks, cpu_ranks=cpu_mode_ranks(df))
+    out = cross_rank_finish(plan, [cross_rank_part(df, plan)])
+    out["_comm_parts"] = plan.comm_parts
+    return out
+
+
+def _findings(out: dict[str, Any], residual: int | None, idle: Any, pcie: pl.DataFrame, pw: Any, st: Any, eff: pl.DataFrame,
+              wmap: dict[int, int], cpu: bool, observed: dict[int, int] | None = None) -> list[str]:
+    """``wmap``: per rank, the extent of its device ops in the window; ``cpu``: the window holds rows but no GPU op."""
     found: list[tuple[float, str]] = []  # (importance in ns, sentence)
-    cpu = wdf.height > 0 and wdf.filter(pl.col("kind").cast(pl.String).is_in(["kernel", "memcpy", "memset"])).height == 0
     # stalls: who waited for whom, and why
     ssum = out["collectives"]["stall_summary"]
     for row in ssum[:5]:
@@ -193,12 +326,9 @@ def _findings(out: dict[str, Any], residual: int | None, inst: pl.DataFrame, idl
                                               f"({_ms(r['wait_ns'])} of {_ms(r['kernel_ns'])}) is waiting on peers."))
     # idle causes
     if idle.totals.height:
-        span = device_ops(wdf).group_by("rank").agg(
-            ((pl.col("ts_ns") + pl.col("dur_ns")).max() - pl.col("ts_ns").min()).alias("w"))
-        wmap = {int(r): int(w) for r, w in zip(span["rank"].to_list(), span["w"].to_list())}
         if observed:
             wmap = {r: min(w, observed.get(r, w)) for r, w in wmap.items()}
-        for row in idle.totals.filter(pl.col("cause") != "waiting_on_peer").sort("total_ns", descending=True).head(4).iter_rows(named=True):
+        for row in idle.totals.filter(pl.col("cause") != "waiting_on_peer").sort("total_ns", descending=True, maintain_order=True).head(4).iter_rows(named=True):
             w = wmap.get(int(row["rank"]), 0)
             if w and row["total_ns"] / w >= 0.05:
                 c = row["cause"]

@@ -25,10 +25,11 @@ from typing import Any, Mapping
 import polars as pl
 
 from tracekit.analysis import intervals as iv
+from tracekit.analysis._num import fdiv, seq_sum
 from tracekit.analysis.window import cpu_device_expr, cpu_mode_ranks
 from tracekit.analysis.gpus import GpuPeaks, gpu_peaks, peak_flops_per_s, rank_gpu_info
 
-__all__ = ["kernel_efficiency", "gemm_flops_bytes", "GEMM_OPS"]
+__all__ = ["kernel_efficiency", "efficiency_finish", "gemm_flops_bytes", "GEMM_OPS"]
 
 GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "aten::matmul",
             "aten::_scaled_mm", "aten::_grouped_mm", "aten::grouped_mm", "aten::_scaled_grouped_mm")
@@ -137,10 +138,12 @@ def kernel_efficiency(
     inst = j.group_by(["rank", "op_id"]).agg(
         pl.col("op").first(), pl.col("input_dims").first(), pl.col("dtype").first(), pl.col("flops").first(),
         pl.col("bytes_").first(), pl.col("dur_ns").sum().alias("gpu_ns"),
-        pl.col("kernel").sort_by("dur_ns").last(), pl.col("category").sort_by("dur_ns").last(),
+        # the longest kernel of the op (ties: by name, so the choice never depends on row order)
+        pl.col("kernel").sort_by(["dur_ns", "kernel", "category"], nulls_last=False).last(),
+        pl.col("category").sort_by(["dur_ns", "kernel", "category"], nulls_last=False).last(),
     ).filter(pl.col("gpu_ns") > 0)
     agg = inst.group_by(["rank", "op", "input_dims", "dtype", "kernel", "category"]).agg(
-        pl.len().alias("count"), pl.col("gpu_ns").sum(), pl.col("flops").sum().alias("_f"), pl.col("bytes_").sum().alias("_b"),
+        pl.len().alias("count"), pl.col("gpu_ns").sum(), seq_sum(pl.col("flops")).alias("_f"), seq_sum(pl.col("bytes_")).alias("_b"),
         pl.col("flops").first().alias("flops_each"), pl.col("bytes_").first().alias("bytes_each"),
     ).with_columns(
         (pl.col("_f") / (pl.col("gpu_ns") * 1e-9)).alias("flops_per_s"),
@@ -164,7 +167,7 @@ def kernel_efficiency(
     ).with_columns(
         pl.min_horizontal(pl.col("peak_flops_per_s"), ai * pl.col("peak_bytes_per_s")).alias("ceiling_flops_per_s"),
         ai.alias("flops_per_byte"),
-    ).with_columns((pl.col("flops_per_s") / pl.col("ceiling_flops_per_s")).alias("efficiency"))
+    ).with_columns(fdiv(pl.col("flops_per_s"), pl.col("ceiling_flops_per_s")).alias("efficiency"))
     is_moe = (pl.col("category") == "moe_gemm") | pl.col("op").str.contains("grouped_mm")
     flag = (
         pl.when(pl.col("efficiency").is_null()).then(None)
@@ -172,8 +175,22 @@ def kernel_efficiency(
         .when(pl.col("efficiency") < flag_below).then(pl.lit("low_efficiency"))
         .otherwise(None)
     )
-    return out.with_columns(flag.alias("flag"), (pl.col("flops_per_s") / 1e12).alias("tflops_per_s"),
-                            (pl.col("bytes_per_s") / 1e9).alias("gb_per_s")).select(
+    return _sorted(out.with_columns(flag.alias("flag"), (pl.col("flops_per_s") / 1e12).alias("tflops_per_s"),
+                                    (pl.col("bytes_per_s") / 1e9).alias("gb_per_s")).select(
         "rank", "op", "input_dims", "dtype", "kernel", "category", "count", "gpu_ns", "tflops_per_s", "gb_per_s",
         "flops_per_byte", "peak_flops_per_s", "ceiling_flops_per_s", "efficiency", "flag",
-    ).sort("gpu_ns", descending=True)
+    ))
+
+
+_KEY = ["rank", "op", "input_dims", "dtype", "kernel", "category"]
+
+
+def _sorted(t: pl.DataFrame) -> pl.DataFrame:
+    """Largest GPU time first; ties by the row's key (ranks' tables concatenate to the same order)."""
+    return t.sort(["gpu_ns", *_KEY], descending=[True] + [False] * len(_KEY), nulls_last=True, maintain_order=True)
+
+
+def efficiency_finish(parts: list[pl.DataFrame]) -> pl.DataFrame:
+    """Concatenate per-rank :func:`kernel_efficiency` tables (each keyed by rank) in the order one whole-frame call gives."""
+    have = [p for p in parts if p.height]
+    return _sorted(pl.concat(have, how="vertical_relaxed")) if have else pl.DataFrame()

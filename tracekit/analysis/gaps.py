@@ -48,12 +48,15 @@ IDLE_CAUSES = ("between_steps", "host_sync", "launch_bound", "other", "waiting_o
 CPU_SYNC_FAMILY = "host_sync.cpu"
 
 
-def gpu_ops(df: pl.DataFrame) -> pl.DataFrame:
+def gpu_ops(df: pl.DataFrame, columns: list[str] | None = None) -> pl.DataFrame:
     """Device op rows (GPU ops, or CPU-mode rows: :func:`tracekit.analysis.window.device_op_expr`)
-    with ``start``/``end`` columns, rank as Int64."""
-    return df.filter(device_op_expr(cpu_mode_ranks(df)) & (pl.col("dur_ns") >= 0)).with_columns(
+    with ``start``/``end`` columns, rank as Int64; only ``columns`` (+ rank, start, end) when given."""
+    q = df.lazy().filter(device_op_expr(cpu_mode_ranks(df)) & (pl.col("dur_ns") >= 0))
+    if columns is not None:
+        q = q.select(["rank", "ts_ns", "dur_ns", *[c for c in columns if c not in ("rank", "ts_ns", "dur_ns", "start", "end")]])
+    return q.with_columns(
         pl.col("rank").cast(pl.Int64), pl.col("ts_ns").alias("start"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("end")
-    )
+    ).collect()
 
 
 def asof(left: pl.DataFrame, right: pl.DataFrame, left_on: str, right_on: str, by: str, strategy: str = "backward") -> pl.DataFrame:
@@ -80,9 +83,12 @@ def busy_before(ops: pl.DataFrame, points: pl.DataFrame, *, by: str = "rank", at
 def sync_calls(df: pl.DataFrame) -> pl.DataFrame:
     """Blocking runtime calls: ``rank, s_start, s_end, s_name``; in CPU mode the host readbacks
     (``aten::item`` ...) the converter marked with family ``host_sync.cpu``."""
-    cpu_sync = (pl.col("kind").cast(pl.String) == "cpu_op") & (pl.col("family").cast(pl.String) == CPU_SYNC_FAMILY)
-    return df.filter(
-        ((pl.col("kind").cast(pl.String) == "runtime") & pl.col("name").cast(pl.String).str.contains(SYNC_REGEX)) | cpu_sync.fill_null(False)
+    kind = pl.col("kind")
+    cpu_sync = (kind == "cpu_op") & (pl.col("family").cast(pl.String) == CPU_SYNC_FAMILY)
+    # the kind test first: name strings are made for runtime rows only
+    cand = df.lazy().filter(kind.is_in(["runtime", "cpu_op"])).select("rank", "kind", "ts_ns", "dur_ns", "name", "family").collect()
+    return cand.filter(
+        ((kind == "runtime") & pl.col("name").cast(pl.String).str.contains(SYNC_REGEX)) | cpu_sync.fill_null(False)
     ).select(
         pl.col("rank").cast(pl.Int64),
         pl.col("ts_ns").alias("s_start"),
@@ -133,7 +139,7 @@ def idle_causes(
 ) -> IdleCauses:
     """Idle gaps per rank with their cause (module doc). ``window`` defaults to each rank's
     first GPU op start → last GPU op end; gaps shorter than ``min_gap_ns`` are dropped."""
-    ops = gpu_ops(df)
+    ops = gpu_ops(df, ["step_id", "name", "kind", "launch_ts_ns", "launch_dur_ns"])
     schema = {"rank": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "dur_ns": pl.Int64, "cause": pl.String,
               "step_id": pl.Int64, "next_name": pl.String, "detail": pl.String}
     if ops.height == 0:
@@ -196,10 +202,20 @@ def idle_causes(
         w = iv.clip(w.join(bounds, on="rank", how="inner"), pl.col("lo"), pl.col("hi"), start="start_ns", end="end_ns").drop(["lo", "hi"])
         w = w.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("dur_ns"))
         gaps = pl.concat([gaps, w.select(gaps.columns)], how="vertical_relaxed")
-    gaps = gaps.sort(["rank", "start_ns"])
-    totals = gaps.group_by(["rank", "cause"]).agg(pl.col("dur_ns").sum().alias("total_ns"), pl.len().alias("count")).sort(["rank", "cause"])
-    largest = gaps.sort("dur_ns", descending=True).group_by("rank", maintain_order=True).head(top_n).sort(["rank", "dur_ns"], descending=[False, True])
-    return IdleCauses(gaps, totals, largest)
+    gaps = gaps.sort(["rank", "start_ns"], maintain_order=True)
+    return IdleCauses(gaps, _totals(gaps), _largest(gaps, top_n))
+
+
+def _totals(gaps: pl.DataFrame) -> pl.DataFrame:
+    return gaps.group_by(["rank", "cause"]).agg(pl.col("dur_ns").sum().alias("total_ns"), pl.len().alias("count")).sort(["rank", "cause"])
+
+
+def _largest(gaps: pl.DataFrame, top_n: int) -> pl.DataFrame:
+    """The ``top_n`` longest gaps per rank, longest first (ties: earlier first)."""
+    if gaps.height > top_n:  # sort only the candidates: gaps at least as long as the rank's top_n-th longest
+        gaps = gaps.filter(pl.col("dur_ns") >= pl.col("dur_ns").top_k(top_n).min().over("rank"))
+    return gaps.sort(["rank", "dur_ns", "start_ns"], descending=[False, True, False], maintain_order=True).group_by(
+        "rank", maintain_order=True).head(top_n)
 
 
 def restrict_to_spans(idle: IdleCauses, spans: Any, *, top_n: int = 10) -> IdleCauses:
@@ -213,7 +229,5 @@ def restrict_to_spans(idle: IdleCauses, spans: Any, *, top_n: int = 10) -> IdleC
     sp = pl.DataFrame({"lo": [int(a) for a, _ in spans], "hi": [int(b) for _, b in spans]})
     g = idle.gaps.join(sp, how="cross")
     g = iv.clip(g, pl.col("lo"), pl.col("hi"), start="start_ns", end="end_ns").drop(["lo", "hi"])
-    g = g.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("dur_ns")).sort(["rank", "start_ns"])
-    totals = g.group_by(["rank", "cause"]).agg(pl.col("dur_ns").sum().alias("total_ns"), pl.len().alias("count")).sort(["rank", "cause"])
-    largest = g.sort("dur_ns", descending=True).group_by("rank", maintain_order=True).head(top_n).sort(["rank", "dur_ns"], descending=[False, True])
-    return IdleCauses(g, totals, largest)
+    g = g.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("dur_ns")).sort(["rank", "start_ns"], maintain_order=True)
+    return IdleCauses(g, _totals(g), _largest(g, top_n))

@@ -19,15 +19,17 @@ source, during (the kernels/copies that overlapped it most, by overlapped time).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import polars as pl
 
 from tracekit.analysis import intervals as iv
+from tracekit.analysis._num import fdiv, seq_mean
 from tracekit.analysis.gaps import gpu_ops
 from tracekit.analysis.gpus import rank_gpu_info
 
-__all__ = ["pcie_phases", "PHASE_COLUMNS"]
+__all__ = ["pcie_phases", "pcie_part", "pcie_finish", "PciePart", "PHASE_COLUMNS"]
 
 PHASE_COLUMNS = {
     "rank": pl.Int64, "start_ns": pl.Int64, "dur_ns": pl.Int64, "direction": pl.String,
@@ -47,7 +49,7 @@ def _link_table(df: pl.DataFrame, meta: Mapping[str, Any] | None) -> pl.DataFram
 
 
 def _from_counters(df: pl.DataFrame, links: pl.DataFrame, threshold: float, min_samples: int) -> pl.DataFrame:
-    c = df.filter(pl.col("kind").cast(pl.String) == "counter").with_columns(pl.col("name").cast(pl.String).alias("_n")).filter(
+    c = df.filter(pl.col("kind") == "counter").with_columns(pl.col("name").cast(pl.String).alias("_n")).filter(
         pl.col("_n").str.contains(r"^pcie_(rx|tx)_(bytes_per_s|pct)$")
     )
     if c.height == 0:
@@ -57,7 +59,7 @@ def _from_counters(df: pl.DataFrame, links: pl.DataFrame, threshold: float, min_
         pl.col("_n").str.extract(r"^pcie_(rx|tx)_", 1).alias("direction"),
         pl.col("_n").str.ends_with("_pct").alias("is_pct"),
     ).join(links, on="rank", how="left")
-    frac = pl.when(pl.col("is_pct")).then(pl.col("value") / 100.0).otherwise(pl.col("value") / pl.col("link"))
+    frac = pl.when(pl.col("is_pct")).then(pl.col("value") / 100.0).otherwise(fdiv(pl.col("value"), pl.col("link")))
     rate = pl.when(pl.col("is_pct")).then(pl.col("value") / 100.0 * pl.col("link")).otherwise(pl.col("value"))
     c = c.with_columns(frac.alias("frac"), rate.alias("rate")).filter(pl.col("frac").is_not_null()).sort(["rank", "direction", "ts_ns"])
     key = ["rank", "direction"]
@@ -69,8 +71,8 @@ def _from_counters(df: pl.DataFrame, links: pl.DataFrame, threshold: float, min_
         pl.col("ts_ns").min().alias("start_ns"),
         (pl.col("ts_ns").max() + pl.col("period").first().fill_null(0)).alias("end_ns"),
         pl.len().alias("n"),
-        pl.col("rate").mean().alias("achieved_bytes_per_s"),
-        (pl.col("frac").mean() * 100).alias("pct_of_link"),
+        seq_mean(pl.col("rate")).alias("achieved_bytes_per_s"),
+        (seq_mean(pl.col("frac")) * 100).alias("pct_of_link"),
     ).filter(pl.col("n") >= min_samples)
     return runs.select(
         "rank", "start_ns", (pl.col("end_ns") - pl.col("start_ns")).alias("dur_ns"), "direction",
@@ -79,7 +81,7 @@ def _from_counters(df: pl.DataFrame, links: pl.DataFrame, threshold: float, min_
 
 
 def _from_memcpy(df: pl.DataFrame, links: pl.DataFrame, threshold: float, merge_gap_ns: int, min_phase_ns: int) -> pl.DataFrame:
-    m = df.filter((pl.col("kind").cast(pl.String) == "memcpy") & pl.col("bytes").is_not_null() & (pl.col("dur_ns") > 0))
+    m = df.filter((pl.col("kind") == "memcpy") & pl.col("bytes").is_not_null() & (pl.col("dur_ns") > 0))
     m = m.with_columns(pl.col("memcpy_kind").cast(pl.String).replace_strict(_DIR, default=None).alias("direction")).filter(
         pl.col("direction").is_not_null()
     )
@@ -92,7 +94,7 @@ def _from_memcpy(df: pl.DataFrame, links: pl.DataFrame, threshold: float, merge_
     ph = m.group_by(key + ["grp"]).agg(pl.col("s").min().alias("start_ns"), pl.col("e").max().alias("end_ns"), pl.col("bytes").sum())
     ph = ph.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("dur_ns")).join(links, on="rank", how="left")
     ph = ph.with_columns((pl.col("bytes") / (pl.col("dur_ns") * 1e-9)).alias("achieved_bytes_per_s")).with_columns(
-        (pl.col("achieved_bytes_per_s") / pl.col("link") * 100).alias("pct_of_link")
+        (fdiv(pl.col("achieved_bytes_per_s"), pl.col("link")) * 100).alias("pct_of_link")
     )
     ph = ph.filter((pl.col("pct_of_link") >= threshold * 100) & (pl.col("dur_ns") >= min_phase_ns))
     return ph.select("rank", "start_ns", "dur_ns", "direction", "achieved_bytes_per_s", "pct_of_link", pl.lit("memcpy").alias("source"))
@@ -103,7 +105,7 @@ def _from_collectives(instances: pl.DataFrame | None, links: pl.DataFrame, thres
         return pl.DataFrame(schema=PHASE_COLUMNS)
     pc = links.filter(pl.col("nvlink") == False)  # noqa: E712 - polars expression
     i = instances.join(pc, on="rank", how="inner").filter(pl.col("bus_bw_bytes_per_s").is_not_null())
-    i = i.with_columns((pl.col("bus_bw_bytes_per_s") / pl.col("link") * 100).alias("pct_of_link")).filter(
+    i = i.with_columns((fdiv(pl.col("bus_bw_bytes_per_s"), pl.col("link")) * 100).alias("pct_of_link")).filter(
         (pl.col("pct_of_link") >= threshold * 100) & (pl.col("transfer_ns") >= min_phase_ns)
     )
     return i.select(
@@ -116,7 +118,7 @@ def _from_collectives(instances: pl.DataFrame | None, links: pl.DataFrame, thres
 def _during(phases: pl.DataFrame, df: pl.DataFrame, top: int = 3) -> pl.DataFrame:
     if phases.height == 0:
         return phases.with_columns(pl.lit(None, pl.List(pl.String)).alias("during"))
-    ops = gpu_ops(df).select("rank", "start", "end", pl.col("name").cast(pl.String).alias("op"))
+    ops = gpu_ops(df, ["name"]).select("rank", "start", "end", pl.col("name").cast(pl.String).alias("op"))
     p = phases.with_row_index("_pid")
     j = p.select("_pid", "rank", "start_ns", (pl.col("start_ns") + pl.col("dur_ns")).alias("end_ns")).join(ops, on="rank").filter(
         (pl.col("start") < pl.col("end_ns")) & (pl.col("end") > pl.col("start_ns"))
@@ -124,10 +126,52 @@ def _during(phases: pl.DataFrame, df: pl.DataFrame, top: int = 3) -> pl.DataFram
     j = iv.clip(j, pl.col("start_ns"), pl.col("end_ns"))
     top_ops = (
         j.group_by(["_pid", "op"]).agg((pl.col("end") - pl.col("start")).sum().alias("ov"))
-        .sort(["_pid", "ov"], descending=[False, True])
+        .sort(["_pid", "ov", "op"], descending=[False, True, False])
         .group_by("_pid", maintain_order=True).agg(pl.col("op").head(top).alias("during"))
     )
     return p.join(top_ops, on="_pid", how="left").drop("_pid")
+
+
+def _typed(p: pl.DataFrame) -> pl.DataFrame:
+    return p.select([c for c in PHASE_COLUMNS if c != "during"]).cast({c: t for c, t in PHASE_COLUMNS.items() if c != "during"})
+
+
+@dataclass
+class PciePart:
+    """Phases of some ranks, each source apart (``during`` filled): the counter/memcpy choice is global."""
+
+    counters: pl.DataFrame
+    memcpy: pl.DataFrame
+    collectives: pl.DataFrame
+
+
+def pcie_part(
+    df: pl.DataFrame,
+    meta: Mapping[str, Any] | None = None,
+    *,
+    instances: pl.DataFrame | None = None,
+    threshold: float = 0.8,
+    min_samples: int = 2,
+    merge_gap_ns: int = 10_000,
+    min_phase_ns: int = 100_000,
+) -> PciePart:
+    """Per-rank half of :func:`pcie_phases` for the ranks in ``df`` (one rank, or a whole frame)."""
+    links = _link_table(df, meta)
+    c = _typed(_from_counters(df, links, threshold, min_samples))
+    m = _typed(_from_memcpy(df, links, threshold, merge_gap_ns, min_phase_ns)) if c.height == 0 else _typed(pl.DataFrame(schema=PHASE_COLUMNS))
+    k = _typed(_from_collectives(instances, links, threshold, min_phase_ns))
+    return PciePart(_during(c, df), _during(m, df), _during(k, df))
+
+
+def pcie_finish(parts: list[PciePart]) -> pl.DataFrame:
+    """Phases of all ranks: counter phases where any rank has them, else memcpy phases; plus collective phases."""
+    cnt = [p.counters for p in parts if p.counters.height]
+    use = cnt if cnt else [p.memcpy for p in parts if p.memcpy.height]
+    ph = [*use, *[p.collectives for p in parts if p.collectives.height]]
+    if not ph:
+        return _during(_typed(pl.DataFrame(schema=PHASE_COLUMNS)), pl.DataFrame()).select(list(PHASE_COLUMNS)).cast(PHASE_COLUMNS)
+    out = pl.concat([p.select(list(PHASE_COLUMNS)).cast(PHASE_COLUMNS) for p in ph])
+    return out.sort(["rank", "start_ns", "source", "direction", "dur_ns"], maintain_order=True)
 
 
 def pcie_phases(
@@ -140,12 +184,9 @@ def pcie_phases(
     merge_gap_ns: int = 10_000,
     min_phase_ns: int = 100_000,
 ) -> pl.DataFrame:
-    """PCIe-bound phases (module doc), sorted by rank and start; empty frame when none."""
-    links = _link_table(df, meta)
-    parts = [_from_counters(df, links, threshold, min_samples)]
-    if parts[0].height == 0:
-        parts.append(_from_memcpy(df, links, threshold, merge_gap_ns, min_phase_ns))
-    parts.append(_from_collectives(instances, links, threshold, min_phase_ns))
-    parts = [p.select([c for c in PHASE_COLUMNS if c != "during"]).cast({c: t for c, t in PHASE_COLUMNS.items() if c != "during"}) for p in parts]
-    ph = pl.concat(parts).sort(["rank", "start_ns"])
-    return _during(ph, df).select(list(PHASE_COLUMNS))
+    """PCIe-bound phases (module doc), sorted by rank and start; empty frame when none.
+
+    :func:`pcie_part` (per rank) → :func:`pcie_finish`; here both on the whole frame.
+    """
+    return pcie_finish([pcie_part(df, meta, instances=instances, threshold=threshold, min_samples=min_samples,
+                                  merge_gap_ns=merge_gap_ns, min_phase_ns=min_phase_ns)])

@@ -23,11 +23,12 @@ from typing import Any, Mapping
 import polars as pl
 
 from tracekit.analysis import intervals as iv
+from tracekit.analysis._num import fdiv, seq_mean
 from tracekit.analysis.collectives import collective_ops
 from tracekit.analysis.gaps import gpu_ops
 from tracekit.analysis.gpus import rank_gpu_info
 
-__all__ = ["PowerResult", "power_verdicts"]
+__all__ = ["PowerResult", "power_verdicts", "power_part", "power_finish"]
 
 
 @dataclass
@@ -45,18 +46,22 @@ class PowerResult:
             "has_counters": self.has_counters,
             "per_rank": self.per_rank.to_dicts(),
             "spin_waits": {"count": self.spin_waits.height, "total_ns": int(self.spin_waits["dur_ns"].sum() or 0),
-                           "largest": self.spin_waits.sort("dur_ns", descending=True).head(10).to_dicts()},
+                           "largest": self.spin_waits.sort("dur_ns", descending=True, maintain_order=True).head(10).to_dicts()},
             "verdicts": list(self.verdicts),
         }
 
 
+_EMPTY_SPIN = pl.DataFrame(schema={"rank": pl.Int64, "start_ns": pl.Int64, "dur_ns": pl.Int64, "name": pl.String,
+                                   "power_w": pl.Float64, "power_frac": pl.Float64})
+
+
 def _samples(df: pl.DataFrame, name: str) -> pl.DataFrame:
-    return df.filter((pl.col("kind").cast(pl.String) == "counter") & (pl.col("name").cast(pl.String) == name)).select(
+    return df.filter((pl.col("kind") == "counter") & (pl.col("name").cast(pl.String) == name)).select(
         pl.col("rank").cast(pl.Int64), pl.col("ts_ns").alias("ts"), "value"
     )
 
 
-def power_verdicts(
+def power_part(
     df: pl.DataFrame,
     meta: Mapping[str, Any] | None = None,
     *,
@@ -66,18 +71,13 @@ def power_verdicts(
     spin_min_ns: int = 1_000_000,
     observed_ns: Mapping[int, int] | None = None,
 ) -> PowerResult:
-    """Verdicts per rank (module doc); ``has_counters`` False and empty frames when no ``power_w`` samples.
-
-    ``observed_ns``: per-rank observed time (sum of profiler windows of a windowed capture) used as the
-    denominator of ``busy_frac`` instead of first-op-to-last-op.
-    """
+    """Per-rank half of :func:`power_verdicts` for the ranks in ``df``: ``per_rank`` and ``spin_waits``
+    rows, no ``verdicts`` (see :func:`power_finish`)."""
     pw = _samples(df, "power_w")
     sm = _samples(df, "sm_active_pct")
-    empty_spin = pl.DataFrame(schema={"rank": pl.Int64, "start_ns": pl.Int64, "dur_ns": pl.Int64, "name": pl.String,
-                                      "power_w": pl.Float64, "power_frac": pl.Float64})
     if pw.height == 0:
-        return PowerResult(pl.DataFrame(), empty_spin, [], False)
-    ops = gpu_ops(df).select("rank", "start", "end")
+        return PowerResult(pl.DataFrame(), _EMPTY_SPIN, [], False)
+    ops = gpu_ops(df, []).select("rank", "start", "end")
     win = ops.group_by("rank").agg(pl.col("start").min().alias("lo"), pl.col("end").max().alias("hi"))
     busy = iv.merge(ops, by="rank")
     busy_len = busy.group_by("rank").agg((pl.col("end") - pl.col("start")).sum().alias("busy"))
@@ -89,22 +89,22 @@ def power_verdicts(
     ).drop(["lo", "hi"])
     inb = iv.covered_by(pw_w, busy.with_columns(pl.lit(True).alias("in_busy")), by="rank", at="ts", payload=["in_busy"])
     agg = inb.group_by("rank").agg(
-        pl.col("value").filter(pl.col("in_busy").fill_null(False)).mean().alias("power_busy_w"),
-        pl.col("value").mean().alias("power_mean_w"),
+        seq_mean(pl.col("value").filter(pl.col("in_busy").fill_null(False))).alias("power_busy_w"),
+        seq_mean(pl.col("value")).alias("power_mean_w"),
         pl.len().alias("samples"),
     )
     smm = sm.join(win, on="rank", how="left").filter(
         pl.col("lo").is_null() | ((pl.col("ts") >= pl.col("lo")) & (pl.col("ts") < pl.col("hi")))
-    ).group_by("rank").agg(pl.col("value").mean().alias("sm_active_pct"))
+    ).group_by("rank").agg(seq_mean(pl.col("value")).alias("sm_active_pct"))
     per = (
         agg.join(lim, on="rank", how="left").join(win, on="rank", how="left").join(busy_len, on="rank", how="left")
         .join(smm, on="rank", how="left")
         .with_columns(
-            (pl.col("busy") / (
+            fdiv(pl.col("busy"), (
                 pl.col("rank").replace_strict({int(k): int(v) for k, v in observed_ns.items()}, default=None, return_dtype=pl.Int64)
                 if observed_ns else (pl.col("hi") - pl.col("lo"))
-            ).cast(pl.Float64)).alias("busy_frac"),
-            (pl.coalesce("power_busy_w", "power_mean_w") / pl.col("power_limit_w")).alias("power_frac"),
+            )).alias("busy_frac"),
+            fdiv(pl.coalesce("power_busy_w", "power_mean_w"), pl.col("power_limit_w")).alias("power_frac"),
         )
     )
     pct = (pl.col("power_frac") * 100).round(0).cast(pl.Int64).cast(pl.String)
@@ -138,17 +138,27 @@ def power_verdicts(
         pl.col("rank").cast(pl.Int64), pl.col("ts_ns").alias("start"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("end"),
         pl.col("name").cast(pl.String).alias("name"),
     ).with_row_index("_k")
-    spin = empty_spin
+    spin = _EMPTY_SPIN
     if coll.height:
         inside = iv.covered_by(pw, coll, by="rank", at="ts", payload=["_k"]).filter(pl.col("_k").is_not_null())
-        kp = inside.group_by("_k").agg(pl.col("value").mean().alias("power_w"))
+        kp = inside.group_by("_k").agg(seq_mean(pl.col("value")).alias("power_w"))
         spin = (
             coll.join(kp, on="_k", how="inner").join(lim, on="rank", how="left")
-            .with_columns((pl.col("power_w") / pl.col("power_limit_w")).alias("power_frac"))
+            .with_columns(fdiv(pl.col("power_w"), pl.col("power_limit_w")).alias("power_frac"))
             .filter(pl.col("power_frac") < low_power_frac)
             .select("rank", pl.col("start").alias("start_ns"), (pl.col("end") - pl.col("start")).alias("dur_ns"), "name", "power_w", "power_frac")
-            .sort(["rank", "start_ns"])
+            .sort(["rank", "start_ns"], maintain_order=True)
         )
+    return PowerResult(per, spin, [], True)
+
+
+def power_finish(parts: list[PowerResult], *, low_power_frac: float = 0.35, spin_min_ns: int = 1_000_000) -> PowerResult:
+    """All ranks' :func:`power_part` results → one :class:`PowerResult` with the verdict sentences."""
+    have = [p for p in parts if p.has_counters]
+    if not have:
+        return PowerResult(pl.DataFrame(), _EMPTY_SPIN, [], False)
+    per = pl.concat([p.per_rank for p in have], how="vertical_relaxed").sort("rank", maintain_order=True)
+    spin = pl.concat([_EMPTY_SPIN, *[p.spin_waits for p in have]], how="vertical_relaxed").sort(["rank", "start_ns"], maintain_order=True)
     verdicts = per.filter(pl.col("verdict_code") != "unknown")["verdict"].to_list()
     if spin.height:
         verdicts.append(
@@ -156,3 +166,24 @@ def power_verdicts(
             f"({spin['dur_ns'].sum() / 1e6:.1f} ms in total): spin-waiting on peers, not transferring"
         )
     return PowerResult(per, spin, verdicts, True)
+
+
+def power_verdicts(
+    df: pl.DataFrame,
+    meta: Mapping[str, Any] | None = None,
+    *,
+    low_power_frac: float = 0.35,
+    high_power_frac: float = 0.9,
+    busy_frac: float = 0.5,
+    spin_min_ns: int = 1_000_000,
+    observed_ns: Mapping[int, int] | None = None,
+) -> PowerResult:
+    """Verdicts per rank (module doc); ``has_counters`` False and empty frames when no ``power_w`` samples.
+
+    ``observed_ns``: per-rank observed time (sum of profiler windows of a windowed capture) used as the
+    denominator of ``busy_frac`` instead of first-op-to-last-op. :func:`power_part` (per rank) →
+    :func:`power_finish`; here both on the whole frame.
+    """
+    part = power_part(df, meta, low_power_frac=low_power_frac, high_power_frac=high_power_frac, busy_frac=busy_frac,
+                      spin_min_ns=spin_min_ns, observed_ns=observed_ns)
+    return power_finish([part], low_power_frac=low_power_frac, spin_min_ns=spin_min_ns)

@@ -22,11 +22,14 @@ skew of that instance.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import polars as pl
 
 from tracekit.analysis.gaps import asof, busy_before, gpu_ops, sync_calls
 
-__all__ = ["detect_stalls", "stall_summary", "lost_by_rank", "STALL_CAUSES", "MIN_WAIT_NS", "MIN_REL_STEP"]
+__all__ = ["detect_stalls", "stall_summary", "lost_by_rank", "STALL_CAUSES", "MIN_WAIT_NS", "MIN_REL_STEP",
+           "StallPlan", "StallPart", "stall_plan", "stall_part", "stall_finish", "stall_steps", "empty_stalls"]
 
 STALL_CAUSES = ("delayed_forward", "host_sync", "cpu_launch_gap", "preceding_kernels")
 MIN_WAIT_NS = 50_000
@@ -39,23 +42,55 @@ _STALL_SCHEMA = {
 }
 
 
-def detect_stalls(
+def stall_steps(df: pl.DataFrame) -> pl.DataFrame:
+    """Step rows as the stall analysis reads them: ``rank, step_id, st_start, st_dur``."""
+    return df.filter(pl.col("kind") == "step").select(
+        pl.col("rank").cast(pl.Int64), pl.col("step_id"), pl.col("ts_ns").alias("st_start"), pl.col("dur_ns").alias("st_dur")
+    )
+
+
+@dataclass
+class StallPlan:
+    """The cross-rank half of :func:`detect_stalls`, from the instance table and the step rows only.
+
+    ``cand``: (instance, waiting rank) rows above the thresholds; ``li``: one row per instance
+    (late and first rank, their arrivals and previous sync points, step starts); ``pts``: the
+    time points whose busy-before value each rank must supply (``pg, seq, k, rank, t``).
+    """
+
+    cand: pl.DataFrame
+    li: pl.DataFrame
+    pts: pl.DataFrame
+    idle_frac: float
+    tol_ns: int
+
+
+@dataclass
+class StallPart:
+    """What one rank (or a whole frame) supplies to a :class:`StallPlan`: busy time before the plan's
+    points, the late rank's last blocking host call, and its heaviest kernel before arrival."""
+
+    busy: pl.DataFrame  # pg, seq, k, busy
+    sync: pl.DataFrame  # pg, seq, s_start, s_end, s_name
+    heavy: pl.DataFrame  # pg, seq, k_name
+
+
+def stall_plan(
     instances: pl.DataFrame,
-    df: pl.DataFrame,
+    steps: pl.DataFrame,
     *,
     min_wait_ns: int = MIN_WAIT_NS,
     min_rel_step: float = MIN_REL_STEP,
     idle_frac: float = 0.5,
     tol_ns: int = 20_000,
-) -> pl.DataFrame:
-    """One row per stall (columns: waiting_rank, late_rank, wait_ns, ts_ns, step, collective, pg, seq,
-    coll_name, cause, detail, late_idle_before_ns, late_arrival_ns), sorted by time."""
+) -> StallPlan | None:
+    """Candidates and per-instance roles (:class:`StallPlan`); None when there is no candidate.
+
+    ``steps``: :func:`stall_steps` of the analyzed frame (all ranks; a few rows per step).
+    """
     if instances.height == 0:
-        return pl.DataFrame(schema=_STALL_SCHEMA)
+        return None
     inst = instances.filter(pl.col("quality") != "mismatched")
-    steps = df.filter(pl.col("kind").cast(pl.String) == "step").select(
-        pl.col("rank").cast(pl.Int64), pl.col("step_id"), pl.col("ts_ns").alias("st_start"), pl.col("dur_ns").alias("st_dur")
-    )
     cand = inst.filter((pl.col("rank") != pl.col("late_rank")) & (pl.col("wait_ns") >= min_wait_ns))
     if steps.height:
         sd = steps.group_by(["rank", "step_id"]).agg(pl.col("st_dur").max())
@@ -63,7 +98,7 @@ def detect_stalls(
             pl.col("st_dur").is_null() | (pl.col("wait_ns") >= min_rel_step * pl.col("st_dur"))
         )
     if cand.height == 0:
-        return pl.DataFrame(schema=_STALL_SCHEMA)
+        return None
     # Per instance: the late rank and the first-arriving rank, and the previous sync point
     # (end of the previous instance of the group on that rank; collectives end together).
     inst = inst.sort(["pg", "rank", "seq"]).with_columns(pl.col("end_ns").shift(1).over(["pg", "rank"]).alias("prev_end"))
@@ -71,7 +106,7 @@ def detect_stalls(
     li = (
         inst.group_by(["pg", "seq"]).agg(
             pl.col("late_rank").first(),
-            pl.col("rank").sort_by("arrival_ns").first().alias("first_rank"),
+            pl.col("rank").sort_by("arrival_ns", maintain_order=True).first().alias("first_rank"),
             pl.col("arrival_ns").min().alias("t_first"),
             pl.col("arrival_ns").max().alias("t_late"),
         )
@@ -82,7 +117,6 @@ def detect_stalls(
               on=["pg", "seq", "first_rank"], how="left")
         .drop(["_a1", "_a2"])
     )
-    ops = gpu_ops(df)
     # period since the previous sync point: busy time of the late and of the first rank
     pts = pl.concat([
         li.select("pg", "seq", pl.lit("late_a").alias("k"), pl.col("late_rank").alias("rank"), pl.col("p_late").alias("t")),
@@ -90,11 +124,65 @@ def detect_stalls(
         li.select("pg", "seq", pl.lit("first_a").alias("k"), pl.col("first_rank").alias("rank"), pl.col("p_first").alias("t")),
         li.select("pg", "seq", pl.lit("first_b").alias("k"), pl.col("first_rank").alias("rank"), pl.col("t_first").alias("t")),
     ]).filter(pl.col("t").is_not_null())
-    b = busy_before(ops, pts).pivot(on="k", index=["pg", "seq"], values="busy")
+    # step start of the late rank vs the first rank for the same step
+    ss = steps.group_by(["rank", "step_id"]).agg(pl.col("st_start").min())
+    li = li.join(ss.rename({"rank": "late_rank", "step_id": "late_step", "st_start": "st_late"}), on=["late_rank", "late_step"], how="left")
+    li = li.join(ss.rename({"rank": "first_rank", "step_id": "late_step", "st_start": "st_first"}), on=["first_rank", "late_step"], how="left")
+    return StallPlan(cand, li, pts, idle_frac, tol_ns)
+
+
+#: the heaviest-kernel lookup joins a rank's stall windows with its kernels; skipped for a rank
+#: when that join would exceed this many rows (memory bound)
+HEAVY_JOIN_MAX_ROWS = 50_000_000
+
+
+def stall_part(plan: StallPlan, df: pl.DataFrame) -> StallPart:
+    """The per-rank half of :func:`detect_stalls` for the ranks present in ``df`` (one rank's rows, or a whole frame)."""
+    ops = gpu_ops(df, ["kind", "name"])
+    here = [int(r) for r in df.get_column("rank").unique().to_list()]
+    pts = plan.pts.filter(pl.col("rank").is_in(here))
+    busy = busy_before(ops, pts).select("pg", "seq", "k", "busy") if pts.height else pl.DataFrame(
+        schema={"pg": pl.String, "seq": pl.Int64, "k": pl.String, "busy": pl.Int64})
+    # blocking host call of the late rank returning before it arrived
+    li = plan.li.filter(pl.col("late_rank").is_in(here))
+    sy = sync_calls(df).rename({"rank": "late_rank"})
+    sync = asof(li.select("pg", "seq", "late_rank", "t_late"), sy, "t_late", "s_end", "late_rank").select(
+        "pg", "seq", "s_start", "s_end", "s_name")
+    # late rank's heaviest kernel since the previous sync point, for the stalling instances
+    ok = ops.filter(~pl.col("kind").is_in(["memcpy", "memset"])).select(
+        pl.col("rank").alias("late_rank"), "start", "end", pl.col("name").cast(pl.String).alias("k_name")
+    )
+    stalled = plan.cand.select("pg", "seq").unique()
+    win = li.filter(pl.col("skew") > 0).join(stalled, on=["pg", "seq"], how="semi").select(
+        "pg", "seq", "late_rank", pl.coalesce(pl.col("p_late"), pl.col("t_first") - pl.col("skew")).alias("w0"), "t_late")
+    heavy_parts = [pl.DataFrame(schema={"pg": pl.String, "seq": pl.Int64, "k_name": pl.String})]
+    for (r,), w in win.group_by("late_rank", maintain_order=True):
+        ok_r = ok.filter(pl.col("late_rank") == r)
+        if w.height * ok_r.height >= HEAVY_JOIN_MAX_ROWS:
+            continue
+        heavy_parts.append(
+            w.join(ok_r, on="late_rank", how="inner")
+            .filter((pl.col("start") < pl.col("t_late")) & (pl.col("end") > pl.col("w0")) & (pl.col("start") >= pl.col("w0") - 1_000_000_000))
+            .with_columns((pl.min_horizontal("end", "t_late") - pl.max_horizontal("start", "w0")).alias("ov"))
+            .group_by(["pg", "seq", "k_name"]).agg(pl.col("ov").sum())
+            .sort(["ov", "k_name"], descending=[True, False]).unique(["pg", "seq"], keep="first", maintain_order=True)
+            .select("pg", "seq", "k_name")
+        )
+    return StallPart(busy, sync, pl.concat(heavy_parts, how="vertical_relaxed"))
+
+
+def stall_finish(plan: StallPlan, parts: list[StallPart]) -> pl.DataFrame:
+    """Stalls (see :func:`detect_stalls`) from the plan and every rank's :class:`StallPart`."""
+    idle_frac, tol_ns = plan.idle_frac, plan.tol_ns
+    busy = pl.concat([p.busy for p in parts], how="vertical_relaxed") if parts else pl.DataFrame(
+        schema={"pg": pl.String, "seq": pl.Int64, "k": pl.String, "busy": pl.Int64})
+    # points of ranks without any op: no busy time (as busy_before gives)
+    b = plan.pts.select("pg", "seq", "k").join(busy, on=["pg", "seq", "k"], how="left").with_columns(pl.col("busy").fill_null(0))
+    b = b.pivot(on="k", index=["pg", "seq"], values="busy") if b.height else b.select("pg", "seq")
     for k in ("late_a", "late_b", "first_a", "first_b"):
         if k not in b.columns:
             b = b.with_columns(pl.lit(None, pl.Int64).alias(k))
-    li = li.join(b, on=["pg", "seq"], how="left").with_columns(
+    li = plan.li.join(b, on=["pg", "seq"], how="left").with_columns(
         (pl.col("late_b") - pl.col("late_a")).alias("busy_late"),
         (pl.col("first_b") - pl.col("first_a")).alias("busy_first"),
     ).with_columns(
@@ -107,26 +195,13 @@ def detect_stalls(
         .alias("late_idle_before_ns"),
         pl.coalesce(pl.col("p_late"), pl.col("t_first") - pl.col("skew")).alias("idle_from"),
     )
-    # step start of the late rank vs the first rank for the same step
-    ss = steps.group_by(["rank", "step_id"]).agg(pl.col("st_start").min())
-    li = li.join(ss.rename({"rank": "late_rank", "step_id": "late_step", "st_start": "st_late"}), on=["late_rank", "late_step"], how="left")
-    li = li.join(ss.rename({"rank": "first_rank", "step_id": "late_step", "st_start": "st_first"}), on=["first_rank", "late_step"], how="left")
-    # blocking host call of the late rank returning since the previous sync point
-    sy = sync_calls(df).rename({"rank": "late_rank"})
-    li = asof(li, sy, "t_late", "s_end", "late_rank")
-    # late rank's heaviest kernel since the previous sync point
-    ok = ops.filter(~pl.col("kind").cast(pl.String).is_in(["memcpy", "memset"])).select(
-        pl.col("rank").alias("late_rank"), "start", "end", pl.col("name").cast(pl.String).alias("k_name")
-    )
-    win = li.filter(pl.col("skew") > 0).select("pg", "seq", "late_rank", pl.col("idle_from").alias("w0"), "t_late")
-    heavy = (
-        win.join(ok, on="late_rank", how="inner")
-        .filter((pl.col("start") < pl.col("t_late")) & (pl.col("end") > pl.col("w0")) & (pl.col("start") >= pl.col("w0") - 1_000_000_000))
-        .with_columns((pl.min_horizontal("end", "t_late") - pl.max_horizontal("start", "w0")).alias("ov"))
-        .group_by(["pg", "seq", "k_name"]).agg(pl.col("ov").sum())
-        .sort(["ov", "k_name"], descending=[True, False]).unique(["pg", "seq"], keep="first")
-        .select("pg", "seq", "k_name")
-    ) if win.height * max(1, ok.height // max(1, ok.get_column("late_rank").n_unique())) < 50_000_000 else pl.DataFrame(
+    sync = pl.concat([p.sync for p in parts], how="vertical_relaxed") if parts else None
+    if sync is not None and sync.height:
+        li = li.join(sync, on=["pg", "seq"], how="left")
+    else:
+        li = li.with_columns(pl.lit(None, pl.Int64).alias("s_start"), pl.lit(None, pl.Int64).alias("s_end"),
+                             pl.lit(None, pl.String).alias("s_name"))
+    heavy = pl.concat([p.heavy for p in parts], how="vertical_relaxed") if parts else pl.DataFrame(
         schema={"pg": pl.String, "seq": pl.Int64, "k_name": pl.String})
     li = li.join(heavy, on=["pg", "seq"], how="left")
     idle = pl.col("late_idle_before_ns") >= idle_frac * pl.col("skew")
@@ -147,8 +222,8 @@ def detect_stalls(
         .otherwise(None)
     )
     li = li.with_columns(cause.alias("cause")).with_columns(detail.alias("detail"))
-    out = cand.join(li.select("pg", "seq", "cause", "detail", "late_idle_before_ns", pl.col("t_late").alias("late_arrival_ns")),
-                    on=["pg", "seq"], how="left")
+    out = plan.cand.join(li.select("pg", "seq", "cause", "detail", "late_idle_before_ns", pl.col("t_late").alias("late_arrival_ns")),
+                         on=["pg", "seq"], how="left")
     return out.select(
         pl.col("rank").alias("waiting_rank"),
         "late_rank",
@@ -157,7 +232,33 @@ def detect_stalls(
         pl.col("step_id").alias("step"),
         (pl.col("coll_name") + pl.lit(" ") + pl.col("pg") + pl.lit(" #") + pl.col("seq").cast(pl.String)).alias("collective"),
         "pg", "seq", "coll_name", "cause", "detail", "late_idle_before_ns", "late_arrival_ns",
-    ).cast(_STALL_SCHEMA).sort(["ts_ns", "waiting_rank"])
+    ).cast(_STALL_SCHEMA).sort(["ts_ns", "waiting_rank"], maintain_order=True)
+
+
+def empty_stalls() -> pl.DataFrame:
+    return pl.DataFrame(schema=_STALL_SCHEMA)
+
+
+def detect_stalls(
+    instances: pl.DataFrame,
+    df: pl.DataFrame,
+    *,
+    min_wait_ns: int = MIN_WAIT_NS,
+    min_rel_step: float = MIN_REL_STEP,
+    idle_frac: float = 0.5,
+    tol_ns: int = 20_000,
+) -> pl.DataFrame:
+    """One row per stall (columns: waiting_rank, late_rank, wait_ns, ts_ns, step, collective, pg, seq,
+    coll_name, cause, detail, late_idle_before_ns, late_arrival_ns), sorted by time.
+
+    Runs as :func:`stall_plan` (cross-rank, small) → :func:`stall_part` (per rank; here on the
+    whole frame) → :func:`stall_finish`; ``tracekit.api.analyze`` calls ``stall_part`` once per rank.
+    """
+    plan = stall_plan(instances, stall_steps(df), min_wait_ns=min_wait_ns, min_rel_step=min_rel_step,
+                      idle_frac=idle_frac, tol_ns=tol_ns)
+    if plan is None:
+        return empty_stalls()
+    return stall_finish(plan, [stall_part(plan, df)])
 
 
 def stall_summary(stalls: pl.DataFrame) -> pl.DataFrame:
@@ -171,9 +272,10 @@ def stall_summary(stalls: pl.DataFrame) -> pl.DataFrame:
             pl.len().alias("count"),
             pl.col("wait_ns").sum().alias("lost_ns"),
             pl.col("waiting_rank").unique().sort().alias("waiting_ranks"),
-            pl.col("detail").drop_nulls().mode().first().alias("top_detail"),
+            # most frequent detail; ties: the alphabetically first (never row order)
+            pl.col("detail").drop_nulls().mode().sort().first().alias("top_detail"),
         )
-        .sort("lost_ns", descending=True)
+        .sort(["lost_ns", "late_rank", "cause"], descending=[True, False, False])
     )
 
 

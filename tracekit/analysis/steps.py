@@ -20,7 +20,7 @@ from tracekit.analysis import intervals as iv
 from tracekit.analysis.gaps import gpu_ops
 from tracekit.schema import CATEGORIES
 
-__all__ = ["StepStats", "step_stats"]
+__all__ = ["StepStats", "step_stats", "StepPart", "step_part", "step_finish", "comm_wait_by_step"]
 
 
 @dataclass
@@ -41,36 +41,77 @@ class StepStats:
         }
 
 
-def step_stats(df: pl.DataFrame, instances: pl.DataFrame | None = None) -> StepStats:
-    """Step table and summary (module doc). ``instances`` adds ``comm_wait_ns`` per step."""
-    q = QualityLog()
-    st = df.filter(pl.col("kind").cast(pl.String) == "step").select(
-        pl.col("rank").cast(pl.Int64), "step_id", pl.col("step_mode").cast(pl.String).alias("mode"), "batch_size", "tokens",
-        pl.col("ts_ns").alias("start_ns"), "dur_ns", "profiled",
+def comm_wait_by_step(instances: pl.DataFrame | None) -> pl.DataFrame | None:
+    """``rank, step_id, comm_wait_ns`` from matched instances; None without instances (no such column then)."""
+    if instances is None or instances.height == 0:
+        return None
+    return instances.filter(pl.col("step_id").is_not_null()).group_by(["rank", "step_id"]).agg(pl.col("wait_ns").sum().alias("comm_wait_ns"))
+
+
+@dataclass
+class StepPart:
+    """One rank's (or a whole frame's) step rows. ``by_time`` is set when none of its GPU ops carries a
+    ``step_id``: the rows with ops assigned by launch time, used when no rank's ops carry one."""
+
+    by_id: pl.DataFrame
+    by_time: pl.DataFrame | None
+    ops: int
+    ops_with_step: int
+
+
+def _step_table(st: pl.DataFrame, ops: pl.DataFrame, comm_wait: pl.DataFrame | None) -> pl.DataFrame:
+    # per-category durations as columns first (categorical comparisons, no per-row strings), then one group-by;
+    # ops without a category count as other_compute
+    cat = pl.col("category")
+    is_c = {c: (cat == c) | cat.is_null() if c == "other_compute" else (cat == c) for c in CATEGORIES}
+    ops = ops.lazy().filter(pl.col("step_id").is_not_null()).select(
+        "rank", "step_id", "start", "end",
+        *[pl.when(is_c[c].fill_null(False)).then(pl.col("dur_ns")).otherwise(0).alias(f"{c}_ns") for c in CATEGORIES],
     )
-    if st.height == 0:
-        return StepStats(pl.DataFrame(), pl.DataFrame(), list(q))
-    st = st.with_columns(pl.coalesce(pl.col("step_id"), pl.int_range(pl.len()).over("rank").cast(pl.Int64)).alias("step_id"))
-    ops = gpu_ops(df)
-    if ops.height and ops["step_id"].null_count() == ops.height:
-        pts = ops.with_columns(pl.coalesce("launch_ts_ns", "start").alias("_t")).drop("step_id")
-        ivs = st.select("rank", pl.col("start_ns").alias("start"), (pl.col("start_ns") + pl.col("dur_ns")).alias("end"), "step_id")
-        ops = iv.covered_by(pts, ivs, by="rank", at="_t", payload=["step_id"])
-        q.add("step_by_time", "GPU ops carry no step_id; assigned to steps by launch time", severity="info")
-    ops = ops.filter(pl.col("step_id").is_not_null())
-    cat = pl.col("category").cast(pl.String).fill_null("other_compute")
     per_cat = ops.group_by(["rank", "step_id"]).agg(
-        [pl.col("dur_ns").filter(cat == c).sum().alias(f"{c}_ns") for c in CATEGORIES]
+        [pl.col(f"{c}_ns").sum() for c in CATEGORIES]
         + [pl.len().alias("gpu_ops"), pl.col("start").min().alias("_g0"), pl.col("end").max().alias("_g1")]
-    )
+    ).collect()
     out = st.join(per_cat, on=["rank", "step_id"], how="left").with_columns(
         pl.col("gpu_ops").fill_null(0),
         (pl.col("_g1") - pl.col("_g0")).alias("gpu_span_ns"),
     ).drop(["_g0", "_g1"])
-    if instances is not None and instances.height:
-        w = instances.filter(pl.col("step_id").is_not_null()).group_by(["rank", "step_id"]).agg(pl.col("wait_ns").sum().alias("comm_wait_ns"))
-        out = out.join(w, on=["rank", "step_id"], how="left").with_columns(pl.col("comm_wait_ns").fill_null(0))
-    out = out.with_columns(((pl.col("gpu_ops") == 0) & pl.col("profiled").fill_null(True)).alias("no_gpu")).sort(["rank", "start_ns"])
+    if comm_wait is not None:
+        out = out.join(comm_wait, on=["rank", "step_id"], how="left").with_columns(pl.col("comm_wait_ns").fill_null(0))
+    return out.with_columns(((pl.col("gpu_ops") == 0) & pl.col("profiled").fill_null(True)).alias("no_gpu")).sort(
+        ["rank", "start_ns"], maintain_order=True)
+
+
+def step_part(df: pl.DataFrame, comm_wait: pl.DataFrame | None = None) -> StepPart | None:
+    """Per-rank half of :func:`step_stats` (``comm_wait`` from :func:`comm_wait_by_step`); None without step rows."""
+    st = df.filter(pl.col("kind") == "step").select(
+        pl.col("rank").cast(pl.Int64), "step_id", pl.col("step_mode").cast(pl.String).alias("mode"), "batch_size", "tokens",
+        pl.col("ts_ns").alias("start_ns"), "dur_ns", "profiled",
+    )
+    ops = gpu_ops(df, ["step_id", "category", "launch_ts_ns"])
+    n_ops, n_with = ops.height, ops.height - ops["step_id"].null_count()
+    if st.height == 0:
+        return StepPart(pl.DataFrame(), None, n_ops, n_with)
+    st = st.with_columns(pl.coalesce(pl.col("step_id"), pl.int_range(pl.len()).over("rank").cast(pl.Int64)).alias("step_id"))
+    by_time = None
+    if n_ops and n_with == 0:
+        pts = ops.with_columns(pl.coalesce("launch_ts_ns", "start").alias("_t")).drop("step_id")
+        ivs = st.select("rank", pl.col("start_ns").alias("start"), (pl.col("start_ns") + pl.col("dur_ns")).alias("end"), "step_id")
+        by_time = _step_table(st, iv.covered_by(pts, ivs, by="rank", at="_t", payload=["step_id"]), comm_wait)
+    return StepPart(_step_table(st, ops, comm_wait), by_time, n_ops, n_with)
+
+
+def step_finish(parts: list[StepPart]) -> StepStats:
+    """All parts → :class:`StepStats` (summary percentiles over every rank's steps, exact)."""
+    q = QualityLog()
+    ops = sum(p.ops for p in parts)
+    by_time = ops > 0 and sum(p.ops_with_step for p in parts) == 0
+    tables = [(p.by_time if by_time and p.by_time is not None else p.by_id) for p in parts if p.by_id.height]
+    if not tables:
+        return StepStats(pl.DataFrame(), pl.DataFrame(), list(q))
+    if by_time:
+        q.add("step_by_time", "GPU ops carry no step_id; assigned to steps by launch time", severity="info")
+    out = pl.concat(tables, how="vertical_relaxed").sort(["rank", "start_ns"], maintain_order=True)
     n_no = out.filter(pl.col("no_gpu")).height
     if n_no:
         q.add("steps_without_gpu", f"{n_no} profiled step(s) have no GPU op attributed (graph replay without attribution, "
@@ -89,3 +130,12 @@ def step_stats(df: pl.DataFrame, instances: pl.DataFrame | None = None) -> StepS
         .sort(["mode", "batch_size"], nulls_last=True)
     )
     return StepStats(out, summary, list(q))
+
+
+def step_stats(df: pl.DataFrame, instances: pl.DataFrame | None = None) -> StepStats:
+    """Step table and summary (module doc). ``instances`` adds ``comm_wait_ns`` per step.
+
+    :func:`step_part` (per rank) → :func:`step_finish`; here both on the whole frame.
+    """
+    part = step_part(df, comm_wait_by_step(instances))
+    return step_finish([part] if part is not None else [])

@@ -16,7 +16,7 @@ import polars as pl
 from tracekit._errors import QualityLog, UsageError
 
 __all__ = ["Window", "select_window", "observed_spans", "transient_end_ns", "gpu_ops", "device_ops", "device_op_expr",
-           "cpu_device_expr", "cpu_mode_ranks", "parse_time_range"]
+           "cpu_device_expr", "cpu_mode_ranks", "parse_time_range", "Overview", "trace_overview", "small_rows_expr", "SMALL_COLUMNS"]
 
 GPU = ["kernel", "memcpy", "memset"]
 #: row kinds that stand in for device work on a rank without GPU ops (docs/cpu_mode.md)
@@ -25,12 +25,11 @@ CPU_DEVICE_KINDS = ["cpu_op", "range"]
 
 def cpu_mode_ranks(df: pl.DataFrame) -> list[int]:
     """Ranks in CPU mode: they have categorized ``cpu_op``/``range`` rows and no GPU op."""
-    kind = pl.col("kind").cast(pl.String)
-    cand = df.filter(pl.col("category").is_not_null()).filter(kind.is_in(CPU_DEVICE_KINDS)).get_column("rank").unique()
-    if cand.len() == 0:
-        return []
-    gpu = df.filter(pl.col("rank").is_in(cand.implode())).filter(kind.is_in(GPU)).get_column("rank").unique()
-    return sorted(set(cand.to_list()) - set(gpu.to_list()))
+    kind = pl.col("kind")
+    r = df.lazy().group_by("rank").agg(
+        (kind.is_in(CPU_DEVICE_KINDS) & pl.col("category").is_not_null()).any().alias("_c"), kind.is_in(GPU).any().alias("_g")
+    ).filter(pl.col("_c") & ~pl.col("_g")).collect()
+    return sorted(int(x) for x in r["rank"].to_list())
 
 
 def cpu_device_expr(cpu_ranks: list[int] | None = None) -> pl.Expr:
@@ -41,7 +40,7 @@ def cpu_device_expr(cpu_ranks: list[int] | None = None) -> pl.Expr:
     ``cpu_ranks`` (from :func:`cpu_mode_ranks`) makes the guard a cheap membership test;
     without it the guard is a per-rank window expression.
     """
-    kind = pl.col("kind").cast(pl.String)
+    kind = pl.col("kind")
     rows = kind.is_in(CPU_DEVICE_KINDS) & pl.col("category").is_not_null()
     if cpu_ranks is not None:
         return rows & pl.col("rank").is_in(list(cpu_ranks)) if cpu_ranks else pl.lit(False)
@@ -50,7 +49,7 @@ def cpu_device_expr(cpu_ranks: list[int] | None = None) -> pl.Expr:
 
 def device_op_expr(cpu_ranks: list[int] | None = None) -> pl.Expr:
     """THE predicate for "device work": GPU ops (kernel, memcpy, memset), or CPU-mode rows (:func:`cpu_device_expr`)."""
-    return pl.col("kind").cast(pl.String).is_in(GPU) | cpu_device_expr(cpu_ranks)
+    return pl.col("kind").is_in(GPU) | cpu_device_expr(cpu_ranks)
 
 
 def device_ops(df: pl.DataFrame) -> pl.DataFrame:
@@ -60,6 +59,105 @@ def device_ops(df: pl.DataFrame) -> pl.DataFrame:
 
 #: kept name: analyses written for GPU traces call this; it includes CPU-mode rows
 gpu_ops = device_ops
+
+
+#: columns of the small cross-rank rows (:attr:`Overview.small`): what collective matching, clock alignment,
+#: the transient trim, ``--skip-steps`` and stall step lookups read
+SMALL_COLUMNS = [
+    "rank", "kind", "ts_ns", "dur_ns", "stream", "name", "category", "family", "launch_ts_ns", "coll_name", "coll_in_nelems",
+    "coll_out_nelems", "coll_dtype", "coll_group_size", "pg_name", "pg_ranks", "coll_seq", "step_id", "step_mode", "profiled",
+]
+#: ``family`` prefixes of collectives (same as ``collectives._COMM_FAMILY``, ``^(allreduce|collective)\.``)
+COMM_FAMILY_PREFIXES = ("allreduce.", "collective.")
+
+
+def _starts_with(col: str, prefix: str, dtype: pl.DataType | None) -> pl.Expr:
+    """``str.starts_with`` that works on the categories of a Categorical column (no per-row strings)."""
+    if isinstance(dtype, pl.Categorical):
+        return pl.col(col).cat.starts_with(prefix)
+    return pl.col(col).cast(pl.String).str.starts_with(prefix)
+
+
+def small_rows_expr(schema: pl.Schema | None = None) -> pl.Expr:
+    """Rows every cross-rank step needs: steps, and device-op candidates that are communication or collectives.
+
+    A superset: CPU-mode candidates (categorized ``cpu_op``/``range`` rows) are kept on every rank;
+    consumers apply :func:`device_op_expr` with :attr:`Overview.cpu_ranks`.
+    """
+    kind = pl.col("kind")
+    fd = (schema or {}).get("family")
+    dev = kind.is_in(GPU) | (kind.is_in(CPU_DEVICE_KINDS) & pl.col("category").is_not_null())
+    coll = (pl.col("category") == "communication") | _starts_with("family", COMM_FAMILY_PREFIXES[0], fd) \
+        | _starts_with("family", COMM_FAMILY_PREFIXES[1], fd)
+    return (kind == "step") | (dev & coll.fill_null(False))
+
+
+@dataclass
+class Overview:
+    """What the cross-rank steps need from a whole trace, small whatever the trace size.
+
+    ``ranks``: one row per rank present (any row): ``rank, rows, min_ts, has_gpu, has_cpu_dev, lo, hi``
+    where ``lo``/``hi`` are the extent of the rank's device ops (null without any);
+    ``small``: rows of :func:`small_rows_expr` (:data:`SMALL_COLUMNS`), in file order;
+    ``cpu_ranks``: ranks in CPU mode (:func:`cpu_mode_ranks`).
+    """
+
+    ranks: pl.DataFrame
+    small: pl.DataFrame
+    cpu_ranks: list[int]
+
+    @property
+    def all_ranks(self) -> list[int]:
+        return [int(r) for r in self.ranks["rank"].to_list()]
+
+    @property
+    def extents(self) -> pl.DataFrame:
+        """``rank, lo, hi`` of the ranks with device ops."""
+        return self.ranks.filter(pl.col("lo").is_not_null()).select("rank", "lo", "hi")
+
+
+def trace_overview(df: pl.DataFrame | pl.LazyFrame, *, small: bool = True, by_rank: bool = False) -> Overview:
+    """Lazy queries over ``df`` (a frame or a scan): per-rank aggregates, and the small rows.
+
+    ``by_rank``: one query per rank (a rank-sorted ``trace.parquet`` then reads one rank's
+    row groups at a time, so memory stays at one rank's few columns); otherwise one query
+    over everything (in-memory frames).
+    """
+    lf = df.lazy()
+    kind = pl.col("kind")
+    gpu = kind.is_in(GPU)
+    cpu = kind.is_in(CPU_DEVICE_KINDS) & pl.col("category").is_not_null()
+    end = pl.col("ts_ns") + pl.col("dur_ns")
+    aggs = [
+        pl.len().alias("rows"), pl.col("ts_ns").min().alias("min_ts"), gpu.any().alias("has_gpu"), cpu.any().alias("has_cpu_dev"),
+        pl.col("ts_ns").filter(gpu).min().alias("_glo"), end.filter(gpu).max().alias("_ghi"),
+        pl.col("ts_ns").filter(cpu).min().alias("_clo"), end.filter(cpu).max().alias("_chi"),
+    ]
+    schema = lf.collect_schema()
+    small_q = (lambda q: q.filter(small_rows_expr(schema)).select([c for c in SMALL_COLUMNS if c in schema])) if small else None
+    rows = pl.DataFrame()
+    if by_rank:
+        present = sorted(int(r) for r in lf.select(pl.col("rank").unique()).collect(engine="streaming")["rank"].to_list())
+        per, parts = [], []
+        for r in present:
+            one = lf.filter(pl.col("rank") == r)
+            per.append(one.select(pl.lit(r, dtype=schema["rank"]).alias("rank"), *aggs).collect())
+            if small_q is not None:
+                parts.append(small_q(one).collect())
+        agg = pl.concat(per) if per else lf.group_by("rank").agg(aggs).collect()
+        if small_q is not None:
+            rows = pl.concat(parts) if parts else small_q(lf).collect()
+    else:
+        agg = lf.group_by("rank").agg(aggs).collect()
+        if small_q is not None:
+            rows = small_q(lf).collect()
+    cpu_mode = pl.col("has_cpu_dev") & ~pl.col("has_gpu")
+    ranks = agg.with_columns(
+        pl.when(pl.col("has_gpu")).then(pl.col("_glo")).when(cpu_mode).then(pl.col("_clo")).alias("lo"),
+        pl.when(pl.col("has_gpu")).then(pl.col("_ghi")).when(cpu_mode).then(pl.col("_chi")).alias("hi"),
+    ).drop(["_glo", "_ghi", "_clo", "_chi"]).sort("rank")
+    cpu_ranks = sorted(int(r) for r in ranks.filter(cpu_mode)["rank"].to_list())
+    return Overview(ranks, rows, cpu_ranks)
 
 
 @dataclass(frozen=True)
@@ -96,37 +194,47 @@ def parse_time_range(spec: str, origin_ns: int) -> tuple[int, int]:
     return lo, hi
 
 
-def transient_end_ns(df: pl.DataFrame) -> int | None:
+def transient_end_ns(df: pl.DataFrame | pl.LazyFrame, *, overview: "Overview | None" = None) -> int | None:
     """End of the first collective all ranks entered after the latest rank's first event; None if n/a."""
-    ops = gpu_ops(df)
-    ranks = ops.get_column("rank").unique()
-    if ranks.len() < 2:
+    ov = overview if overview is not None else trace_overview(df)
+    ext = ov.extents
+    if ext.height < 2:
         return None
-    comm = ops.filter(pl.col("category").cast(pl.String) == "communication")
+    comm = ov.small.filter(device_op_expr(ov.cpu_ranks) & (pl.col("category") == "communication"))
     if comm.height == 0:
         return None
-    latest_first = int(ops.group_by("rank").agg(pl.col("ts_ns").min())["ts_ns"].max())
-    after = comm.filter(pl.col("ts_ns") >= latest_first).sort("ts_ns")
+    latest_first = int(ext["lo"].max())
+    after = comm.filter(pl.col("ts_ns") >= latest_first).sort("ts_ns", maintain_order=True)
     firsts = after.group_by("rank").agg((pl.col("ts_ns") + pl.col("dur_ns")).first().alias("end"))
-    if firsts.height < ranks.len():
+    if firsts.height < ext.height:
         return None
     return int(firsts["end"].max())
 
 
-def observed_spans(df: pl.DataFrame, profiler_windows: list[list[int]] | None) -> tuple[tuple[int, int], ...] | None:
+def observed_spans(
+    df: pl.DataFrame | pl.LazyFrame, profiler_windows: list[list[int]] | None, *, cpu_ranks: list[int] | None = None
+) -> tuple[tuple[int, int], ...] | None:
     """Profiler windows of a windowed capture, each extended to the end of the GPU ops launched inside it.
 
     None when the capture had at most one window (then the extent of GPU ops is the window).
+    One lazy aggregation over the device ops (``df`` may be a lazy scan).
     """
     if not profiler_windows or len(profiler_windows) < 2:
         return None
-    ops = gpu_ops(df).select(pl.coalesce("launch_ts_ns", "ts_ns").alias("l"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("e"))
+    lf = df.lazy()
+    if cpu_ranks is None:
+        cpu_ranks = trace_overview(lf, small=False).cpu_ranks
+    wins = sorted((int(x[0]), int(x[1])) for x in profiler_windows)
+    launch, end = pl.coalesce("launch_ts_ns", "ts_ns"), pl.col("ts_ns") + pl.col("dur_ns")
+    aggs = []
+    for i, (a, b) in enumerate(wins):
+        aggs.append(end.filter((launch >= a) & (launch <= b)).max().alias(f"e{i}"))
+        aggs.append(pl.col("ts_ns").filter((end > a) & (pl.col("ts_ns") < a)).min().alias(f"s{i}"))
+    row = lf.filter(device_op_expr(cpu_ranks)).select(aggs).collect().row(0)
     spans = []
-    for a, b in sorted((int(x[0]), int(x[1])) for x in profiler_windows):
-        inside = ops.filter((pl.col("l") >= a) & (pl.col("l") <= b))
-        end = max(b, int(inside["e"].max())) if inside.height else b
-        start = min(a, int(gpu_ops(df).filter((pl.col("ts_ns") + pl.col("dur_ns") > a) & (pl.col("ts_ns") < a))["ts_ns"].min() or a))
-        spans.append((start, end))
+    for i, (a, b) in enumerate(wins):
+        e, s0 = row[2 * i], row[2 * i + 1]
+        spans.append((min(a, int(s0 or a)), max(b, int(e)) if e is not None else b))
     merged: list[tuple[int, int]] = []
     for a, b in spans:
         if merged and a <= merged[-1][1]:
@@ -137,7 +245,7 @@ def observed_spans(df: pl.DataFrame, profiler_windows: list[list[int]] | None) -
 
 
 def select_window(
-    df: pl.DataFrame,
+    df: pl.DataFrame | pl.LazyFrame,
     *,
     time_range: tuple[int, int] | None = None,
     skip_steps: int = 0,
@@ -145,9 +253,21 @@ def select_window(
     quality: QualityLog | None = None,
     min_skew_ns: int = 1_000_000,
     profiler_windows: list[list[int]] | None = None,
+    overview: "Overview | None" = None,
 ) -> Window:
-    w = _select(df, time_range=time_range, skip_steps=skip_steps, trim_transient=trim_transient, quality=quality, min_skew_ns=min_skew_ns)
-    spans = observed_spans(df, profiler_windows)
+    """Decide the analysis window (see :func:`_select`); ``df`` may be a frame or a lazy scan.
+
+    Everything is decided from small inputs: the :class:`Overview` (per-rank extents of
+    device ops, communication and step rows; computed here when not given) plus, for
+    ``skip_steps`` and profiler windows, one lazy aggregation each over ``df``.
+    """
+    lf = df.lazy()
+    ov = overview
+    if ov is None and (time_range is None or (profiler_windows and len(profiler_windows) >= 2)):
+        ov = trace_overview(lf)
+    w = _select(lf, ov, time_range=time_range, skip_steps=skip_steps, trim_transient=trim_transient, quality=quality,
+                min_skew_ns=min_skew_ns)
+    spans = observed_spans(lf, profiler_windows, cpu_ranks=ov.cpu_ranks if ov is not None else None)
     if spans:
         q = quality if quality is not None else QualityLog()
         q.add("profiler_windows", f"windowed capture: analyzing the {len(spans)} profiler windows only "
@@ -157,7 +277,8 @@ def select_window(
 
 
 def _select(
-    df: pl.DataFrame,
+    lf: pl.LazyFrame,
+    ov: "Overview | None",
     *,
     time_range: tuple[int, int] | None,
     skip_steps: int,
@@ -174,26 +295,29 @@ def _select(
     q = quality if quality is not None else QualityLog()
     if time_range is not None:
         return Window(time_range[0], time_range[1], reason="explicit")
-    ops = gpu_ops(df)
-    if ops.height == 0:
+    assert ov is not None
+    ext = ov.extents
+    if ext.height == 0:
         return Window(None, None, reason="empty")
-    lo = int(ops["ts_ns"].min())
-    hi = int((ops["ts_ns"] + ops["dur_ns"]).max())
+    lo0 = int(ext["lo"].min())
+    lo = lo0
+    hi = int(ext["hi"].max())
     if skip_steps:
-        steps = df.filter((pl.col("kind").cast(pl.String) == "step") & pl.col("profiled").fill_null(True)).sort("ts_ns")
+        steps = ov.small.filter((pl.col("kind") == "step") & pl.col("profiled").fill_null(True)).sort("ts_ns", maintain_order=True)
         starts = steps.group_by("step_id").agg(pl.col("ts_ns").min()).sort("step_id") if steps.height else steps
         if starts.height <= skip_steps:
             raise UsageError(f"--skip-steps {skip_steps}: the trace has only {starts.height} profiled steps")
         # first op launched at or after the first kept step
         first_kept = int(starts["ts_ns"][skip_steps])
-        later = ops.filter(pl.coalesce("launch_ts_ns", "ts_ns") >= first_kept)
-        lo = int(later["ts_ns"].min()) if later.height else first_kept
-        q.add("steps_skipped", f"skipped the first {skip_steps} steps ({(lo - int(ops['ts_ns'].min())) / 1e6:.3f} ms)", severity="info")
+        later = lf.filter(device_op_expr(ov.cpu_ranks) & (pl.coalesce("launch_ts_ns", "ts_ns") >= first_kept)).select(
+            pl.col("ts_ns").min()).collect().item()
+        lo = int(later) if later is not None else first_kept
+        q.add("steps_skipped", f"skipped the first {skip_steps} steps ({(lo - lo0) / 1e6:.3f} ms)", severity="info")
         return Window(lo, hi, skipped_steps=skip_steps, reason="skip_steps")
     if trim_transient:
-        t = transient_end_ns(df)
+        t = transient_end_ns(lf, overview=ov)
         if t is not None and t > lo:
-            skew = int(ops.group_by("rank").agg(pl.col("ts_ns").min())["ts_ns"].max()) - lo
+            skew = int(ext["lo"].max()) - lo
             if skew > min_skew_ns:
                 q.add(
                     "profiler_start_transient_trimmed",

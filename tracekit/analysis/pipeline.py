@@ -1,0 +1,268 @@
+"""The analysis behind ``tracekit analyze``: a small cross-rank pass, a per-rank map, a reduce.
+
+One driver, two sources:
+
+* :class:`FrameSource` — an in-memory frame (``tracekit.api.analyze_frame``): the per-rank
+  analyses run once on the whole frame (every one of them is keyed by rank);
+* :class:`ScanSource` — a ``trace.parquet`` (``tracekit.api.analyze``): the per-rank analyses run
+  on one rank at a time, read with a lazy scan that skips the other ranks' row groups and keeps
+  only the rows and columns the analyses read (:data:`ANALYSIS_COLUMNS`, :func:`analysis_rows_expr`).
+  Memory: one rank's projected rows plus the small cross-rank tables.
+
+Steps (docs/scale.md §2):
+
+1. **overview** (:func:`tracekit.analysis.window.trace_overview`): per-rank aggregates (row count,
+   first timestamp, extent of device ops, CPU mode) and the small rows (collective kernels, steps)
+   of every rank — two lazy queries;
+2. **window** (:func:`tracekit.analysis.window.select_window`) from the overview (plus one lazy
+   aggregate for ``skip_steps`` / profiler windows);
+3. **cross-rank plan** (:func:`tracekit.analysis.crossrank.cross_rank_plan`): collective matching,
+   clock offsets, communication split, stall candidates — on the small rows only;
+4. **map**, per rank: breakdown (:func:`compute_breakdown`), kernel totals (:func:`kernel_totals`)
+   and :func:`tracekit.analysis.crossrank.cross_rank_part` (stall inputs, idle causes, PCIe, power,
+   steps, kernel efficiency); each keeps only small outputs;
+5. **reduce**: :func:`breakdown_finish`, :func:`merge_kernel_totals` (exact sums; top-N after the
+   sum) and :func:`tracekit.analysis.crossrank.cross_rank_finish` (exact: percentiles over the full
+   step table, stall causes from every rank's inputs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import polars as pl
+
+from tracekit._errors import InputError, QualityLog
+from tracekit.analysis.breakdown import (breakdown_finish, compute_breakdown, kernel_totals, merge_kernel_totals, top_kernels,
+                                         uncategorized_top)
+from tracekit.analysis.gaps import SYNC_REGEX
+from tracekit.analysis.window import Window, parse_time_range, select_window, trace_overview
+
+__all__ = ["ANALYSIS_COLUMNS", "analysis_rows_expr", "FrameSource", "ScanSource", "run_analysis", "ANALYSIS_VERSION"]
+
+#: Version of the analyze JSON object (bumped on incompatible changes).
+ANALYSIS_VERSION = 1
+
+#: the columns any analysis of ``tracekit analyze`` reads (28 of the trace's 49)
+ANALYSIS_COLUMNS = [
+    "rank", "kind", "ts_ns", "dur_ns", "stream", "tid", "name", "category", "family", "launch_ts_ns", "launch_dur_ns",
+    "launch_tid", "bytes", "memcpy_kind", "coll_name", "coll_in_nelems", "coll_out_nelems", "coll_dtype", "coll_group_size",
+    "pg_name", "pg_ranks", "coll_seq", "step_id", "step_mode", "batch_size", "tokens", "profiled", "value", "input_dims",
+    "input_types",
+]
+
+
+def analysis_rows_expr(sync_names: list[str] | None = None) -> pl.Expr:
+    """The rows any analysis reads: GPU ops, steps, counters, categorized or ruled rows (CPU mode,
+    host readbacks), CPU operators with shapes (kernel efficiency) and blocking runtime calls
+    (``sync_names``: the runtime names matching :data:`tracekit.analysis.gaps.SYNC_REGEX`; default:
+    the regex on every row).
+
+    Launch calls (``cudaLaunchKernel`` ...) and plain CPU operators — two thirds of a typical
+    trace — are left out.
+    """
+    kind = pl.col("kind")
+    sync = pl.col("name").is_in(sync_names) if sync_names is not None else pl.col("name").cast(pl.String).str.contains(SYNC_REGEX)
+    return (
+        kind.is_in(["kernel", "memcpy", "memset", "step", "counter"])
+        | pl.col("category").is_not_null()
+        | pl.col("family").is_not_null()
+        | ((kind == "cpu_op") & pl.col("input_dims").is_not_null())
+        | ((kind == "runtime") & sync)
+    )
+
+
+@dataclass
+class FrameSource:
+    """An in-memory frame (all ranks); the per-rank analyses run once on all of it."""
+
+    df: pl.DataFrame
+    by_rank = False
+
+    def lazy(self) -> pl.LazyFrame:
+        return self.df.lazy()
+
+    def parts(self, ranks: list[int]) -> Iterator[tuple[list[int] | None, pl.DataFrame]]:
+        yield None, self.df
+
+
+class ScanSource:
+    """A ``trace.parquet`` read lazily; :meth:`parts` yields one rank's projected rows at a time."""
+
+    by_rank = True
+
+    def __init__(self, path: str | Path, lf: pl.LazyFrame) -> None:
+        self.path = path
+        self.lf = lf
+
+    def lazy(self) -> pl.LazyFrame:
+        return self.lf
+
+    def parts(self, ranks: list[int]) -> Iterator[tuple[list[int] | None, pl.DataFrame]]:
+        for r in ranks:
+            one = self.lf.filter(pl.col("rank") == r)
+            # blocking runtime calls: the regex runs on the rank's distinct runtime names, not on every row
+            names = _collect(one.filter(pl.col("kind") == "runtime").select(pl.col("name").unique()), self.path, rank=r)
+            sync = names.filter(pl.col("name").cast(pl.String).str.contains(SYNC_REGEX))["name"].cast(pl.String).to_list()
+            yield [r], _collect(one.filter(analysis_rows_expr(sync)).select(ANALYSIS_COLUMNS), self.path, rank=r)
+
+
+def compact(obj: Any) -> Any:
+    """Copy of a small result whose frames own their memory.
+
+    Filters and gathers of string columns keep views into the source column's buffers, so a
+    ten-row table of kernel names can pin a whole rank's names (``shrink_to_fit`` does not
+    release views of a cast categorical); an Arrow round trip at the oldest compat level copies
+    the referenced bytes only. Walks dataclasses, lists, tuples and dicts.
+    """
+    if isinstance(obj, pl.DataFrame):
+        if obj.width == 0:
+            return obj
+        out = pl.from_arrow(obj.to_arrow(compat_level=pl.CompatLevel.oldest()))
+        assert isinstance(out, pl.DataFrame)
+        return out if out.schema == obj.schema else out.cast(dict(obj.schema))
+    if is_dataclass(obj) and not isinstance(obj, type) and not obj.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+        for f in fields(obj):
+            setattr(obj, f.name, compact(getattr(obj, f.name)))
+        return obj
+    if isinstance(obj, list):
+        return [compact(x) for x in obj]
+    if isinstance(obj, tuple):
+        return tuple(compact(x) for x in obj)
+    if isinstance(obj, dict):
+        return {k: compact(v) for k, v in obj.items()}
+    return obj
+
+
+def _collect(lf: pl.LazyFrame, path: Any, rank: int | None = None) -> pl.DataFrame:
+    try:
+        return lf.collect()
+    except Exception as e:  # noqa: BLE001
+        where = f"{path}" + (f" (rank {rank})" if rank is not None else "")
+        raise InputError(f"{where}: unreadable trace data ({type(e).__name__}: {e}); re-convert the source") from None
+
+
+def run_analysis(
+    source: FrameSource | ScanSource,
+    meta: Mapping[str, Any],
+    *,
+    window: str | None = None,
+    skip_steps: int = 0,
+    trim_transient: bool = True,
+    top: int = 5,
+    cross_rank: bool = True,
+) -> dict[str, Any]:
+    """The analyze JSON object (docs/analyze_json.md) of ``source``."""
+    quality = QualityLog()
+    for q in meta.get("quality") or []:
+        quality.add(q.get("code", "note"), q.get("message", ""), severity=q.get("severity", "warning"), rank=q.get("rank"))
+    path = getattr(source, "path", "trace")
+    lf = source.lazy()
+    try:
+        ov = trace_overview(lf, by_rank=source.by_rank)
+    except InputError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a corrupt file fails in the first scan
+        raise InputError(f"{path}: unreadable trace data ({type(e).__name__}: {e}); re-convert the source") from None
+    tr = None
+    if window:
+        origin = (meta.get("window_ns") or [None])[0]
+        if origin is None:
+            m = ov.ranks["min_ts"].min() if ov.ranks.height else None
+            origin = int(m) if m is not None else 0  # type: ignore[arg-type]
+        tr = parse_time_range(window, origin)
+    capture = meta.get("capture")
+    pw = capture.get("profiler_windows") if isinstance(capture, dict) else None
+    win = select_window(lf, time_range=tr, skip_steps=skip_steps, trim_transient=trim_transient and tr is None, quality=quality,
+                        profiler_windows=pw, overview=ov)
+    plan = None
+    if cross_rank:
+        from tracekit.analysis import crossrank
+
+        plan = crossrank.cross_rank_plan(ov.small, meta, {"window": win, "quality": quality}, ranks=ov.all_ranks,
+                                         cpu_ranks=ov.cpu_ranks)
+    split = plan.split if plan is not None else False
+    bd_parts, kt_parts, cr_parts = [], [], []
+    for ranks, df in source.parts(ov.all_ranks):
+        cp = None
+        if plan is not None:
+            cp = plan.comm_parts if ranks is None else plan.comm_parts.filter(pl.col("rank").is_in(ranks))
+        bd_parts.append(compute_breakdown(df, win, comm_parts=cp, split=split))
+        kt_parts.append(kernel_totals(df, win))
+        if plan is not None:
+            cr_parts.append(crossrank.cross_rank_part(df, plan, ranks=ranks))
+        if ranks is not None:  # keep nothing of this rank's frame alive (string views share its buffers)
+            for lst in (bd_parts, kt_parts, cr_parts):
+                if lst:
+                    lst[-1] = compact(lst[-1])
+        del df
+    extra: dict[str, Any] = crossrank.cross_rank_finish(plan, cr_parts) if plan is not None else {}
+    return _result(meta, win, breakdown_finish(bd_parts, win, split=split), merge_kernel_totals(kt_parts) if kt_parts else None,
+                   top, extra, quality)
+
+
+def _result(meta: Mapping[str, Any], win: Window, bd: Any, totals: pl.DataFrame | None, top: int, extra: dict[str, Any],
+            quality: QualityLog) -> dict[str, Any]:
+    ranks = bd.as_records()
+    overall_t: dict[str, int] = {}
+    for r in ranks:
+        for k, v in r["time_ns"].items():
+            overall_t[k] = overall_t.get(k, 0) + int(v)
+    if totals is None:
+        totals = pl.DataFrame(schema={"category": pl.String, "name": pl.String, "other": pl.Boolean, "count": pl.Int64,
+                                      "total_ns": pl.Int64})
+    tk = top_kernels(None, totals=totals, n=top)
+    top_by_cat: dict[str, list[dict[str, Any]]] = {}
+    for row in tk.iter_rows(named=True):
+        top_by_cat.setdefault(row["category"], []).append(
+            {"name": row["name"], "count": row["count"], "total_ns": row["total_ns"], "mean_ns": row["mean_ns"]}
+        )
+    unc = uncategorized_top(None, totals=totals, n=10)
+    res: dict[str, Any] = {
+        "schema_version": ANALYSIS_VERSION,
+        "trace_schema_version": meta.get("schema_version"),
+        "world_size": meta.get("world_size"),
+        "device_mode": meta.get("device_mode", "gpu"),
+        "window": {
+            "start_ns": win.start_ns,
+            "end_ns": win.end_ns,
+            "reason": win.reason,
+            "trimmed_transient_ns": win.trimmed_transient_ns,
+            "skipped_steps": win.skipped_steps,
+        },
+        "buckets": list(bd.buckets) + ["idle"],
+        "ranks": ranks,
+        "overall": {
+            "window_ns": sum(r["window_ns"] for r in ranks),
+            "gpu_busy_ns": sum(r["gpu_busy_ns"] for r in ranks),
+            "time_ns": overall_t,
+        },
+        "top_kernels": top_by_cat,
+        "uncategorized_top": [dict(r) for r in unc.iter_rows(named=True)],
+    }
+    res.update(extra)
+    res.setdefault("findings", basic_findings(res))
+    res["quality"] = [q.to_json() for q in quality]
+    return res
+
+
+def basic_findings(res: dict[str, Any]) -> list[str]:
+    """Plain-words headline from the breakdown alone (cross-rank analysis adds more)."""
+    o = res["overall"]
+    w = o["window_ns"] or 1
+    t = o["time_ns"]
+    parts = sorted(((k, v) for k, v in t.items()), key=lambda kv: -kv[1])
+    out = []
+    if parts:
+        k, v = parts[0]
+        out.append(f"Largest share of GPU time: {k} at {100 * v / w:.1f}% of the window (all ranks).")
+    idle = t.get("idle", 0)
+    if idle / w > 0.2:
+        out.append(f"GPUs are idle {100 * idle / w:.1f}% of the window.")
+    return out
+
+
+def ranks_filter(lf: pl.LazyFrame, ranks: Sequence[int] | None) -> pl.LazyFrame:
+    return lf if ranks is None else lf.filter(pl.col("rank").is_in(list(ranks)))
