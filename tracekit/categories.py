@@ -75,16 +75,18 @@ class RuleSet:
 
     def categorize(self, df: pl.DataFrame) -> pl.DataFrame:
         """Set ``category``/``family`` on GPU op rows (kernel, memcpy, memset) by name."""
-        gpu = pl.col("kind").cast(pl.String).is_in(["kernel", "memcpy", "memset"])
-        names = df.filter(gpu).get_column("name").cast(pl.String).unique().to_list()
-        table = self.classify_names(names)
-        out = df.with_columns(pl.col("name").cast(pl.String).alias("_n")).join(
-            table.rename({"name": "_n", "category": "_c", "family": "_f"}), on="_n", how="left"
-        )
+        gpu = pl.col("kind").is_in(["kernel", "memcpy", "memset"])
+        # rules run once per distinct name; rows find theirs by the name's dictionary code
+        code = pl.col("name").cast(pl.Categorical).to_physical()
+        names = df.filter(gpu).select(code.alias("_code"), pl.col("name").cast(pl.String).alias("name")).unique("_code")
+        table = self.classify_names(names.get_column("name").to_list())
+        table = names.join(table, on="name", how="left").select("_code", pl.col("category").alias("_c"), pl.col("family").alias("_f"))
+        look = df.select(code.alias("_code")).join(table, on="_code", how="left", maintain_order="left")
+        out = df.hstack([look.get_column("_c"), look.get_column("_f")])
         return out.with_columns(
             pl.when(gpu).then(pl.col("_c")).otherwise(pl.col("category").cast(pl.String)).cast(pl.Categorical).alias("category"),
             pl.when(gpu).then(pl.col("_f")).otherwise(pl.col("family").cast(pl.String)).cast(pl.Categorical).alias("family"),
-        ).drop(["_n", "_c", "_f"])
+        ).drop(["_c", "_f"])
 
 
 def _compile(rx: str, where: str) -> re.Pattern[str]:

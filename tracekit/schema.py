@@ -194,7 +194,8 @@ def frame_from_rows(rows: Iterable[Mapping[str, Any]]) -> pl.DataFrame:
     return conform(pl.DataFrame(data, schema=schema, strict=False))
 
 
-def _to_arrow(df: pl.DataFrame) -> pa.Table:
+def to_arrow(df: pl.DataFrame) -> pa.Table:
+    """A frame as an Arrow table in exactly :data:`ARROW_SCHEMA` (conformed first)."""
     df = conform(df)
     tbl = df.to_arrow()
     cols = []
@@ -208,6 +209,9 @@ def _to_arrow(df: pl.DataFrame) -> pa.Table:
             col = col.cast(field.type)
         cols.append(col)
     return pa.Table.from_arrays(cols, schema=ARROW_SCHEMA)
+
+
+_to_arrow = to_arrow
 
 
 def _base_metadata() -> dict[str, Any]:
@@ -252,6 +256,12 @@ class atomic_path:
                 pass
 
 
+#: Parquet dictionary encoding: the string columns only (trying it on every integer column cost ~25% of write time)
+DICT_COLUMNS = [f.name for f in ARROW_SCHEMA if pa.types.is_dictionary(f.type) or pa.types.is_string(f.type)]
+#: min/max statistics for the columns readers filter on (row groups skipped by rank, time, kind, category, step)
+STATS_COLUMNS = ["rank", "ts_ns", "dur_ns", "kind", "category", "family", "step_id", "device"]
+
+
 class TraceWriter:
     """Streaming writer: add one rank's (or one chunk's) frame at a time.
 
@@ -273,7 +283,7 @@ class TraceWriter:
         try:
             if self._writer is None:
                 self._writer = pq.ParquetWriter(
-                    self._tmp, ARROW_SCHEMA, compression="zstd", use_dictionary=True, write_statistics=True
+                    self._tmp, ARROW_SCHEMA, compression="zstd", use_dictionary=DICT_COLUMNS, write_statistics=STATS_COLUMNS
                 )
             self._writer.write_table(tbl, row_group_size=self._row_group_size)
         except OSError as e:

@@ -50,32 +50,43 @@ def parse_steps(df: pl.DataFrame) -> pl.DataFrame:
     DECODE steps carry tokens = batch size; EXTEND steps their ``toks``.
     Steps without an explicit id are numbered in time order from 0.
     """
-    is_range = pl.col("kind").cast(pl.String) == "range"
-    name = pl.col("name").cast(pl.String)
+    is_range = pl.col("kind") == "range"
+    # regexes run on the distinct range names only; rows find theirs by the name's dictionary code
+    names = (
+        df.filter(is_range)
+        .select(pl.col("name").cast(pl.Categorical).to_physical().alias("_code"), pl.col("name").cast(pl.String).alias("_sn"))
+        .unique("_code")
+    )
     chosen = None
     for tag, rx in STEP_PATTERNS.items():
-        if df.filter(is_range & name.str.contains(rx)).height:
+        if names.filter(pl.col("_sn").str.contains(rx)).height:
             chosen = (tag, rx)
             break
     if chosen is None:
         return df
     tag, rx = chosen
-    hit = is_range & name.str.contains(rx)
-    ext = name.str.extract_groups(rx)
-    fields = ext.struct
     numbered = tag in ("profiler_step", "numbered_step")
-    mode = fields.field("mode") if not numbered else pl.lit(None, dtype=pl.String)
-    bs = fields.field("bs").cast(pl.Int32, strict=False) if not numbered else pl.lit(None, dtype=pl.Int32)
-    tok = fields.field("tok").cast(pl.Int64, strict=False) if not numbered else pl.lit(None, dtype=pl.Int64)
-    sid = fields.field("id").cast(pl.Int64, strict=False) if numbered else pl.lit(None, dtype=pl.Int64)
-    out = df.with_columns(
-        pl.when(hit).then(pl.lit("step")).otherwise(pl.col("kind").cast(pl.String)).alias("kind"),
-        pl.when(hit).then(mode).otherwise(pl.col("step_mode").cast(pl.String)).alias("step_mode"),
-        pl.when(hit).then(bs).otherwise(pl.col("batch_size")).alias("batch_size"),
-        pl.when(hit).then(tok).otherwise(pl.col("tokens")).alias("tokens"),
-        pl.when(hit).then(sid).otherwise(pl.col("step_id")).alias("step_id"),
-        pl.when(hit).then(pl.lit(True)).otherwise(pl.col("profiled")).alias("profiled"),
+    fields = pl.col("_sn").str.extract_groups(rx).struct
+    table = names.filter(pl.col("_sn").str.contains(rx)).select(
+        "_code",
+        (fields.field("mode") if not numbered else pl.lit(None, dtype=pl.String)).alias("_mode"),
+        (fields.field("bs").cast(pl.Int32, strict=False) if not numbered else pl.lit(None, dtype=pl.Int32)).alias("_bs"),
+        (fields.field("tok").cast(pl.Int64, strict=False) if not numbered else pl.lit(None, dtype=pl.Int64)).alias("_tok"),
+        (fields.field("id").cast(pl.Int64, strict=False) if numbered else pl.lit(None, dtype=pl.Int64)).alias("_sid"),
+        pl.lit(True).alias("_hit"),
     )
+    look = df.select(pl.when(is_range).then(pl.col("name").cast(pl.Categorical).to_physical()).alias("_code")).join(
+        table, on="_code", how="left", maintain_order="left"
+    )
+    hit = pl.col("_hit").fill_null(False)
+    out = df.hstack(look.drop("_code").get_columns()).with_columns(
+        pl.when(hit).then(pl.lit("step").cast(pl.Categorical)).otherwise(pl.col("kind").cast(pl.Categorical)).alias("kind"),
+        pl.when(hit).then(pl.col("_mode")).otherwise(pl.col("step_mode").cast(pl.String)).alias("step_mode"),
+        pl.when(hit).then(pl.col("_bs")).otherwise(pl.col("batch_size")).alias("batch_size"),
+        pl.when(hit).then(pl.col("_tok")).otherwise(pl.col("tokens")).alias("tokens"),
+        pl.when(hit).then(pl.col("_sid")).otherwise(pl.col("step_id")).alias("step_id"),
+        pl.when(hit).then(pl.lit(True)).otherwise(pl.col("profiled")).alias("profiled"),
+    ).drop(["_mode", "_bs", "_tok", "_sid", "_hit"])
     # DECODE: one token per request
     is_step = pl.col("kind") == "step"
     out = out.with_columns(
@@ -84,16 +95,26 @@ def parse_steps(df: pl.DataFrame) -> pl.DataFrame:
         .otherwise(pl.col("tokens"))
         .alias("tokens")
     )
-    if not numbered:
-        out = out.with_columns(
-            pl.when(is_step).then((pl.col("ts_ns").rank("ordinal").over(is_step) - 1).cast(pl.Int64)).otherwise(pl.col("step_id")).alias("step_id")
-        )
+    if not numbered:  # steps numbered in time order, computed on the step rows only
+        idx = out.select(pl.arg_where(is_step)).to_series()
+        order = (out.get_column("ts_ns").gather(idx).rank("ordinal") - 1).cast(pl.Int64)
+        out = out.with_columns(out.get_column("step_id").cast(pl.Int64).clone().scatter(idx, order).alias("step_id"))
     return conform(out)
+
+
+def attach(df: pl.DataFrame, small: pl.DataFrame, on: str) -> pl.DataFrame:
+    """``df.join(small, on=on, how="left")`` for ``small`` unique on ``on``, without copying ``df``.
+
+    Only the key column is joined; the looked-up columns are appended to the
+    (shared, not copied) columns of ``df``. Row order and count are kept.
+    """
+    cols = df.select(on).join(small, on=on, how="left", maintain_order="left").drop(on)
+    return df.hstack(cols.get_columns())
 
 
 def _launch_join(df: pl.DataFrame) -> pl.DataFrame:
     rt = (
-        df.filter((pl.col("kind").cast(pl.String) == "runtime") & pl.col("correlation").is_not_null() & (pl.col("correlation") != 0))
+        df.filter((pl.col("kind") == "runtime") & pl.col("correlation").is_not_null() & (pl.col("correlation") != 0))
         .select(
             "correlation",
             pl.col("ts_ns").alias("_lts"),
@@ -105,8 +126,8 @@ def _launch_join(df: pl.DataFrame) -> pl.DataFrame:
     )
     if rt.height == 0:
         return df
-    is_gpu = pl.col("kind").cast(pl.String).is_in(GPU_KINDS)
-    j = df.join(rt, on="correlation", how="left", maintain_order="left")
+    is_gpu = pl.col("kind").is_in(GPU_KINDS)
+    j = attach(df, rt, "correlation")
     return j.with_columns(
         pl.when(is_gpu).then(pl.coalesce("launch_ts_ns", "_lts")).otherwise(pl.col("launch_ts_ns")).alias("launch_ts_ns"),
         pl.when(is_gpu).then(pl.coalesce("launch_dur_ns", "_ldur")).otherwise(pl.col("launch_dur_ns")).alias("launch_dur_ns"),
@@ -141,7 +162,7 @@ CPU_KINDS = ["cpu_op", "range"]
 
 def forward_tids(df: pl.DataFrame) -> list[int]:
     """Threads that run the steps (``tid`` of step rows); else the thread with the most ``cpu_op`` rows."""
-    kind = pl.col("kind").cast(pl.String)
+    kind = pl.col("kind")
     tids = df.filter((kind == "step") & pl.col("tid").is_not_null()).get_column("tid").unique().sort().to_list()
     if tids:
         return [int(t) for t in tids]
@@ -151,7 +172,7 @@ def forward_tids(df: pl.DataFrame) -> list[int]:
 
 def _cpu_device_row() -> pl.Expr:
     """CPU rows that stand in for device work (only :func:`_cpu_mode` gives them a category)."""
-    return pl.col("kind").cast(pl.String).is_in(CPU_KINDS) & pl.col("category").is_not_null()
+    return pl.col("kind").is_in(CPU_KINDS) & pl.col("category").is_not_null()
 
 
 def _coll_type(name: pl.Expr) -> pl.Expr:
@@ -175,7 +196,7 @@ def _cpu_mode(df: pl.DataFrame) -> pl.DataFrame:
       issued them as their launch (``launch_ts_ns``/``launch_dur_ns``/``launch_tid``/
       ``launch_name``), so steps and context rules see them on the forward thread.
     """
-    kind = pl.col("kind").cast(pl.String)
+    kind = pl.col("kind")
     if df.filter(kind.is_in(GPU_KINDS)).height:
         return df
     name = pl.col("name").cast(pl.String)
@@ -231,7 +252,7 @@ def _cpu_mode(df: pl.DataFrame) -> pl.DataFrame:
     if not upd:
         return df
     u = pl.concat(upd, how="vertical_relaxed")
-    out = d.join(u, on="_row", how="left")
+    out = attach(d, u, "_row")
     hit = pl.col("_f").is_not_null()
     return out.with_columns(
         pl.when(hit).then(pl.col("_c")).otherwise(pl.col("category").cast(pl.String)).cast(pl.Categorical).alias("category"),
@@ -249,7 +270,7 @@ _LAUNCH_T = {"_lts": pl.Int64, "_ldur": pl.Int64, "_ltid": pl.Int64, "_lname": p
 def _context_rules(df: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:
     if not rules.context:
         return df
-    ranges = df.filter(pl.col("kind").cast(pl.String) == "range").select(
+    ranges = df.filter(pl.col("kind") == "range").select(
         "tid", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns"), pl.col("name").cast(pl.String).alias("rname")
     )
     if ranges.height == 0:
@@ -267,7 +288,7 @@ def _context_rules(df: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:
     ranges = ranges.filter(pl.col("rname").is_in(list(rule_of))).with_columns(
         pl.col("rname").replace_strict(rule_of, return_dtype=pl.Int32).alias("_rule")
     )
-    is_gpu = pl.col("kind").cast(pl.String).is_in(GPU_KINDS)
+    is_gpu = pl.col("kind").is_in(GPU_KINDS)
     gpu = df.with_row_index("_row").filter((is_gpu & pl.col("launch_ts_ns").is_not_null()) | _cpu_device_row())
     if gpu.height == 0:
         return df
@@ -290,7 +311,7 @@ def _context_rules(df: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:
         sel = gpu.filter(pl.col("_rule") == i)
         if sel.height == 0:
             continue
-        cond = pl.col("category").cast(pl.String).is_in(list(r.from_categories))
+        cond = pl.col("category").is_in(list(r.from_categories))
         if r.name_regex is not None:
             by_name = pl.col("name").cast(pl.String).str.contains(r.name_regex.pattern)
             # CPU operators (aten::mm, aten::_grouped_mm) name no kernel: their family (gemm.cpu) counts too
@@ -301,7 +322,7 @@ def _context_rules(df: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:
     if not new_cat:
         return df
     upd = pl.concat(new_cat)
-    out = df.with_row_index("_row").join(upd, on="_row", how="left")
+    out = attach(df.with_row_index("_row"), upd, "_row")
     return out.with_columns(
         pl.coalesce(pl.col("_c"), pl.col("category").cast(pl.String)).cast(pl.Categorical).alias("category"),
         pl.coalesce(pl.col("_f"), pl.col("family").cast(pl.String)).cast(pl.Categorical).alias("family"),
@@ -320,11 +341,11 @@ _COLL_COLS = ["coll_name", "coll_in_nelems", "coll_out_nelems", "coll_dtype", "c
 
 
 def _collectives(df: pl.DataFrame) -> pl.DataFrame:
-    is_comm = (pl.col("kind").cast(pl.String).is_in(GPU_KINDS) | _cpu_device_row()) & (pl.col("category").cast(pl.String) == "communication")
+    is_comm = (pl.col("kind").is_in(GPU_KINDS) | _cpu_device_row()) & (pl.col("category") == "communication")
     if df.filter(is_comm).height == 0:
         return df
     # 1. record_param_comms enclosing the launching runtime call on the same thread
-    rpc = df.filter((pl.col("kind").cast(pl.String) == "cpu_op") & (pl.col("name").cast(pl.String) == "record_param_comms"))
+    rpc = df.filter((pl.col("kind") == "cpu_op") & (pl.col("name") == "record_param_comms"))
     d = df.with_row_index("_row")
     if rpc.height:
         need = d.filter(is_comm & pl.col("coll_name").is_null() & pl.col("launch_ts_ns").is_not_null())
@@ -348,7 +369,7 @@ def _collectives(df: pl.DataFrame) -> pl.DataFrame:
                 miss = hit.filter(pl.col("_coll_name").is_null() & pl.col("_row").is_in(inner["_row"].implode()))
                 hit = pl.concat([hit.filter(~pl.col("_row").is_in(miss["_row"].implode())),
                                  miss.drop(pay).join(inner.select("_row", *pay), on="_row", how="left")], how="vertical_relaxed")
-            d = d.join(hit.drop(["tid", "ts"]), on="_row", how="left")
+            d = attach(d, hit.drop(["tid", "ts"]), "_row")
             d = d.with_columns(
                 [pl.coalesce(pl.col(c).cast(pl.String) if c in ("coll_name", "coll_dtype", "pg_name", "pg_desc", "pg_ranks") else pl.col(c), pl.col(f"_{c}")).alias(c) for c in _COLL_COLS]
             ).drop([f"_{c}" for c in _COLL_COLS])
@@ -364,21 +385,21 @@ def _collectives(df: pl.DataFrame) -> pl.DataFrame:
     key = pl.coalesce(pl.col("pg_name").cast(pl.String), pl.lit("fam:") + pl.col("family").cast(pl.String))
     comm = d.filter(is_comm).select("_row", "ts_ns", key.alias("_k")).sort("ts_ns")
     comm = comm.with_columns((pl.col("ts_ns").rank("ordinal").over("_k") - 1).cast(pl.Int64).alias("_seq"))
-    d = d.join(comm.select("_row", "_seq"), on="_row", how="left")
+    d = attach(d, comm.select("_row", "_seq"), "_row")
     d = d.with_columns(pl.coalesce("coll_seq", "_seq").alias("coll_seq")).drop(["_seq", "_row"])
     return conform(d)
 
 
 def _assign_steps(df: pl.DataFrame) -> pl.DataFrame:
-    steps = df.filter(pl.col("kind").cast(pl.String) == "step").select(
+    steps = df.filter(pl.col("kind") == "step").select(
         "tid", pl.col("ts_ns").alias("start"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("end"), pl.col("step_id").alias("_sid")
     )
     if steps.height == 0:
         return df
     d = df.with_row_index("_row")
-    is_gpu = pl.col("kind").cast(pl.String).is_in(GPU_KINDS)
+    is_gpu = pl.col("kind").is_in(GPU_KINDS)
     launched = is_gpu | _cpu_device_row()  # CPU mode: a gloo collective is placed by the c10d op that issued it
-    pts = d.filter((is_gpu & pl.col("launch_ts_ns").is_not_null()) | _cpu_device_row() | (pl.col("kind").cast(pl.String) == "runtime")).select(
+    pts = d.filter((is_gpu & pl.col("launch_ts_ns").is_not_null()) | _cpu_device_row() | (pl.col("kind") == "runtime")).select(
         "_row",
         pl.when(launched).then(pl.coalesce("launch_tid", "tid")).otherwise(pl.col("tid")).alias("tid"),
         pl.when(launched).then(pl.coalesce("launch_ts_ns", "ts_ns")).otherwise(pl.col("ts_ns")).alias("ts"),
@@ -390,7 +411,7 @@ def _assign_steps(df: pl.DataFrame) -> pl.DataFrame:
         hit = covered_by(pts.filter(pl.col("tid").is_not_null()), steps.filter(pl.col("tid").is_not_null()), by="tid", at="ts", payload=["_sid"])
     else:
         hit = covered_by(pts, steps.drop("tid"), at="ts", payload=["_sid"])
-    d = d.join(hit.select("_row", "_sid"), on="_row", how="left")
+    d = attach(d, hit.select("_row", "_sid"), "_row")
     return d.with_columns(pl.coalesce("step_id", "_sid").alias("step_id")).drop(["_row", "_sid"])
 
 

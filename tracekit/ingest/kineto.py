@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import gzip
 import io
+import os
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 import re
 from operator import attrgetter
 import zlib
@@ -407,20 +410,66 @@ def read_kineto(path: str | Path, rank: int | None = None, *, exact: bool | None
     return _read_whole(p, rank, exact)
 
 
+def _stage_chunk(chunk: bytes, p: Path, exact: bool | None) -> tuple[pl.DataFrame, dict[str, int]]:
+    """One chunk -> stage frame + its unknown-category counts (thread-safe: no shared state)."""
+    unknown: dict[str, int] = {}
+    st = None if exact or _EPOCH_FRAC.search(chunk) or _SHAPES.search(chunk) else _fast_stage(chunk, unknown)
+    if st is None:
+        try:
+            st = _exact_stage(chunk, p, unknown)
+        except InputError:
+            raise StreamFallback("undecodable chunk") from None
+    return st, unknown
+
+
+def parse_threads() -> int:
+    """Threads decoding one file's chunks (Arrow's JSON parser and polars release the GIL)."""
+    env = os.environ.get("TRACEKIT_PARSE_THREADS")
+    if env and env.isdigit() and int(env) > 0:
+        return int(env)
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - non-Linux
+        n = os.cpu_count() or 1
+    return max(1, min(n, 8))
+
+
 def _read_streaming(p: Path, rank: int | None, exact: bool | None) -> tuple[pl.DataFrame, dict[str, Any]]:
-    """Bounded-memory path: decompress and decode chunk by chunk (see kineto_stream)."""
+    """Bounded-memory path: decompress and decode chunk by chunk (see kineto_stream).
+
+    Chunks are decoded by a small thread pool, in order, with at most
+    ``2 x threads`` chunks in flight, so memory stays a few chunks above the
+    decoded columns.
+    """
     es = EventStream(p, _CHUNK_BYTES, _TOP)
     unknown: dict[str, int] = {}
     frames: list[pl.DataFrame] = []
-    for chunk in es.chunks():
-        st = None if exact or _EPOCH_FRAC.search(chunk) or _SHAPES.search(chunk) else _fast_stage(chunk, unknown)
-        if st is None:
-            try:
-                st = _exact_stage(chunk, p, unknown)
-            except InputError:
-                raise StreamFallback("undecodable chunk") from None
+
+    def take(res: tuple[pl.DataFrame, dict[str, int]]) -> None:
+        st, unk = res
+        for k, v in unk.items():
+            unknown[k] = unknown.get(k, 0) + v
         if st.height:
             frames.append(st)
+
+    nthreads = parse_threads()
+    if nthreads == 1:
+        for chunk in es.chunks():
+            take(_stage_chunk(chunk, p, exact))
+    else:
+        pending: deque[Future] = deque()
+        with ThreadPoolExecutor(nthreads, thread_name_prefix="tk-parse") as ex:
+            try:
+                for chunk in es.chunks():
+                    pending.append(ex.submit(_stage_chunk, chunk, p, exact))
+                    del chunk
+                    while len(pending) >= 2 * nthreads:
+                        take(pending.popleft().result())
+                while pending:
+                    take(pending.popleft().result())
+            finally:
+                for f in pending:
+                    f.cancel()
     try:
         top = _TOP.decode(es.top_document())
     except (msgspec.DecodeError, msgspec.ValidationError):
@@ -546,7 +595,7 @@ try:  # jemalloc hands freed chunk buffers back; mimalloc (the default) kept ~40
 except (NotImplementedError, pa.ArrowNotImplementedError):  # pragma: no cover - wheels without jemalloc
     pass
 _PA_PARSE = pajson.ParseOptions(explicit_schema=_PA_SCHEMA, unexpected_field_behavior="ignore", newlines_in_values=True)
-_PA_READ = pajson.ReadOptions(use_threads=True, block_size=4 << 20)
+_PA_READ = pajson.ReadOptions(use_threads=False, block_size=4 << 20)  # chunks run in our own thread pool
 
 
 def _pa_read(nd: bytes) -> pl.DataFrame | None:
@@ -564,15 +613,23 @@ def _float_us_to_ns(col: str) -> pl.Expr:
     return ip.cast(pl.Int64) * 1000 + ((f - ip) * 1000).round(0).cast(pl.Int64)
 
 
+_SEPARATORS = (b"},\n  {", b"},\n{")
+
+
 def _fast_stage(chunk: bytes, unknown: dict[str, int]) -> pl.DataFrame | None:
     """Columnar decode of one ``[...]`` chunk (Arrow's C++ JSON reader); None -> use the exact path.
 
     Events are split into newline-delimited objects with a plain byte replace for
-    torch's own layout (``},\n  {``), else a regex; any type surprise (a string
-    pid, a list where a number should be) returns None.
+    torch's own layout (``},\n  {``) or one event per line (``},\n{``), else a
+    regex; any type surprise (a string pid, a list where a number should be)
+    returns None.
     """
     body = chunk[1:-1]
-    ev = _pa_read(body.replace(b"},\n  {", b"}\n  {")) if b"},\n  {" in body else None
+    ev = None
+    for sep in _SEPARATORS:  # torch's layout, then one event per line; a newline never occurs inside a JSON string
+        if sep in body:
+            ev = _pa_read(body.replace(sep, b"}\n{"))
+            break
     if ev is None:
         ev = _pa_read(_BOUNDARY.sub(b"}\n{", body))
     if ev is None:
