@@ -191,12 +191,17 @@ def match_collectives(df: pl.DataFrame, *, cpu_ranks: list[int] | None = None) -
         DTYPE_BYTES, default=None, return_dtype=pl.Int64
     )
     nel = pl.max_horizontal(pl.col("coll_in_nelems"), pl.col("coll_out_nelems"))
-    ops = ops.with_columns(
-        _norm_coll_name(),
+    # name-derived columns (regexes) once per distinct (name, family, coll_name, coll_dtype, pg_ranks), not per row
+    sig = ["name", "family", "coll_name", "coll_dtype", "pg_ranks"]
+    derived = ops.select(sig).unique().with_columns(
+        _norm_coll_name().alias("_coll_name"),
         _algo(),
-        (nel * dtype_b).alias("bytes"),
-        _ranks_count(pl.col("pg_ranks").cast(pl.String)).alias("_pgn")
-        if ops.get_column("pg_ranks").null_count() < ops.height else pl.lit(None, pl.Int64).alias("_pgn"),
+        dtype_b.alias("_dtype_b"),
+        _ranks_count(pl.col("pg_ranks").cast(pl.String)).alias("_pgn"),
+    )
+    ops = ops.join(derived, on=sig, how="left", nulls_equal=True, maintain_order="left").with_columns(
+        pl.col("_coll_name").alias("coll_name"),
+        (nel * pl.col("_dtype_b")).alias("bytes"),
         (pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns"),
     )
     # ranks taking part in each group (when not stated by metadata)
@@ -205,7 +210,7 @@ def match_collectives(df: pl.DataFrame, *, cpu_ranks: list[int] | None = None) -
     ops = ops.with_columns(
         pl.col("ts_ns").max().over(key).alias("_last"),
         pl.col("dur_ns").min().over(key).alias("transfer_ns"),
-        pl.col("rank").sort_by("ts_ns").last().over(key).alias("late_rank"),
+        pl.col("rank").sort_by(["ts_ns", "rank"]).last().over(key).alias("late_rank"),  # ties: the higher rank
         pl.len().over(key).alias("n_ranks"),
         (pl.col("end_ns").max() - pl.col("end_ns").min()).over(key).alias("end_spread_ns"),
         (pl.col("coll_name").n_unique().over(key) > 1).alias("_mm_name"),

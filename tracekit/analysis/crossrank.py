@@ -6,6 +6,11 @@ efficiency, and returns JSON-ready sections plus plain-words ``findings`` (most
 costly first). ``_comm_parts`` (a frame, not JSON) carries the per-kernel
 wait/transfer intervals for the breakdown, in the frame's original time base.
 Every number is defined in ``docs/metrics.md``.
+
+It runs in three steps so that ``tracekit.api.analyze`` never holds more than one rank:
+:func:`cross_rank_plan` (the cross-rank work, on the collective and step rows of all
+ranks), :func:`cross_rank_part` (the per-rank analyses, on one rank's rows — or, here,
+once on the whole frame) and :func:`cross_rank_finish` (exact reduce of the parts).
 """
 
 from __future__ import annotations
@@ -92,9 +97,11 @@ def _records(df: pl.DataFrame, n: int | None = None) -> list[dict[str, Any]]:
 class CrossRankPlan:
     """The cross-rank half of :func:`cross_rank_sections`, from the small cross-rank rows only.
 
-    ``inst``: matched instances (aligned time base) with arrival inside the window;
-    ``comm_parts``: every collective kernel's wait/transfer intervals in the input's time base
-    (for the breakdown); ``split``: whether the breakdown splits communication.
+    ``inst``: matched instances (aligned time base) with arrival inside the window, only the
+    columns the per-rank analyses and the summaries read; ``waits``: ``rank, arrival_ns, wait_ns``
+    of every instance in the input's time base (:meth:`comm_parts` splits each rank's collective
+    kernels with it); ``split``: whether the breakdown splits communication (some collective
+    kernel has a duration).
     """
 
     meta: Mapping[str, Any]
@@ -105,15 +112,18 @@ class CrossRankPlan:
     spans: Any
     align: AlignResult
     inst: pl.DataFrame
-    comm_parts: pl.DataFrame
+    waits: pl.DataFrame
+    split: bool
+    cpu_ranks: list[int]
     comm_wait: pl.DataFrame | None
     stalls: StallPlan | None
     min_wait: int
     min_rel: float
 
-    @property
-    def split(self) -> bool:
-        return self.comm_parts.height > 0
+    def comm_parts(self, df: pl.DataFrame, ranks: list[int] | None = None) -> pl.DataFrame:
+        """Wait/transfer intervals of the collective kernels in ``df`` (input time base) for the breakdown."""
+        w = self.waits if ranks is None else self.waits.filter(pl.col("rank").is_in(ranks))
+        return split_communication(df, w, cpu_ranks=self.cpu_ranks)
 
     def rank_instances(self, ranks: list[int] | None) -> pl.DataFrame:
         return self.inst if ranks is None else self.inst.filter(pl.col("rank").is_in(ranks))
@@ -174,7 +184,8 @@ def cross_rank_plan(
     inst_orig = inst_all.with_columns(
         (pl.col("arrival_ns") + pl.col("rank").replace_strict(back, default=0, return_dtype=pl.Int64)).alias("arrival_ns")
     ) if al.applied else inst_all
-    comm_parts = split_communication(coll, inst_orig, cpu_ranks=cpu_ranks)
+    waits = inst_orig.select("rank", "arrival_ns", "wait_ns")
+    split = coll.filter(pl.col("dur_ns") > 0).height > 0  # = split_communication(coll, inst_orig) has rows
     del inst_orig, inst0
     min_wait = int(opts.get("min_wait_ns", MIN_WAIT_NS))
     min_rel = float(opts.get("min_rel_step", MIN_REL_STEP))
@@ -182,8 +193,15 @@ def cross_rank_plan(
     steps = _clip_rows(apply_offsets(small.filter(pl.col("kind") == "step"), al.offsets_ns) if al.applied
                        else small.filter(pl.col("kind") == "step"), lo, hi)
     sp = stall_plan(inst, stall_steps(steps), min_wait_ns=min_wait, min_rel_step=min_rel)
-    return CrossRankPlan(meta, q, max_items, lo, hi, getattr(opts.get("window"), "spans", None), al, inst, comm_parts,
-                         comm_wait_by_step(inst), sp, min_wait, min_rel)
+    comm_wait = comm_wait_by_step(inst)
+    inst = inst.select(_INST_KEEP)
+    return CrossRankPlan(meta, q, max_items, lo, hi, getattr(opts.get("window"), "spans", None), al, inst, waits, split,
+                         list(cpu_ranks), comm_wait, sp, min_wait, min_rel)
+
+
+#: instance columns read after planning (per-rank idle causes and PCIe, collective summaries)
+_INST_KEEP = ["pg", "seq", "rank", "name", "coll_name", "algo", "step_id", "arrival_ns", "end_ns", "dur_ns", "wait_ns",
+              "transfer_ns", "late_rank", "bytes", "bus_bw_bytes_per_s", "quality"]
 
 
 def cross_rank_part(df: pl.DataFrame, plan: CrossRankPlan, *, ranks: list[int] | None = None) -> CrossRankPart:
@@ -298,7 +316,7 @@ def cross_rank_sections(df: pl.DataFrame, meta: Mapping[str, Any], opts: Mapping
     ranks = sorted(int(r) for r in df.get_column("rank").unique().to_list())
     plan = cross_rank_plan(df, meta, opts, ranks=ranks, cpu_ranks=cpu_mode_ranks(df))
     out = cross_rank_finish(plan, [cross_rank_part(df, plan)])
-    out["_comm_parts"] = plan.comm_parts
+    out["_comm_parts"] = plan.comm_parts(df)
     return out
 
 

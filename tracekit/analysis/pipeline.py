@@ -183,12 +183,11 @@ def run_analysis(
 
         plan = crossrank.cross_rank_plan(ov.small, meta, {"window": win, "quality": quality}, ranks=ov.all_ranks,
                                          cpu_ranks=ov.cpu_ranks)
+    ov.small = pl.DataFrame()  # the plan holds what it needs
     split = plan.split if plan is not None else False
     bd_parts, kt_parts, cr_parts = [], [], []
     for ranks, df in source.parts(ov.all_ranks):
-        cp = None
-        if plan is not None:
-            cp = plan.comm_parts if ranks is None else plan.comm_parts.filter(pl.col("rank").is_in(ranks))
+        cp = plan.comm_parts(df, ranks) if plan is not None else None
         bd_parts.append(compute_breakdown(df, win, comm_parts=cp, split=split))
         kt_parts.append(kernel_totals(df, win))
         if plan is not None:

@@ -230,7 +230,7 @@ def observed_spans(
     for i, (a, b) in enumerate(wins):
         aggs.append(end.filter((launch >= a) & (launch <= b)).max().alias(f"e{i}"))
         aggs.append(pl.col("ts_ns").filter((end > a) & (pl.col("ts_ns") < a)).min().alias(f"s{i}"))
-    row = lf.filter(device_op_expr(cpu_ranks)).select(aggs).collect().row(0)
+    row = lf.filter(device_op_expr(cpu_ranks)).select(aggs).collect(engine="streaming").row(0)  # one pass, bounded memory on a scan
     spans = []
     for i, (a, b) in enumerate(wins):
         e, s0 = row[2 * i], row[2 * i + 1]
@@ -310,7 +310,7 @@ def _select(
         # first op launched at or after the first kept step
         first_kept = int(starts["ts_ns"][skip_steps])
         later = lf.filter(device_op_expr(ov.cpu_ranks) & (pl.coalesce("launch_ts_ns", "ts_ns") >= first_kept)).select(
-            pl.col("ts_ns").min()).collect().item()
+            pl.col("ts_ns").min()).collect(engine="streaming").item()
         lo = int(later) if later is not None else first_kept
         q.add("steps_skipped", f"skipped the first {skip_steps} steps ({(lo - lo0) / 1e6:.3f} ms)", severity="info")
         return Window(lo, hi, skipped_steps=skip_steps, reason="skip_steps")
