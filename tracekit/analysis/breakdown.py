@@ -142,9 +142,11 @@ def _cumulative_unions(iv: pl.DataFrame, n: int) -> pl.DataFrame:
         iv.select("rank", pl.col("start").alias("t"), pl.lit(1, pl.Int32).alias("d"), "_p"),
         iv.select("rank", pl.col("end").alias("t"), pl.lit(-1, pl.Int32).alias("d"), "_p"),
     ]).sort(["rank", "t"])
+    one = ev.get_column("rank").n_unique() <= 1  # one rank (the per-rank map): no window partitions needed
+    per = (lambda e: e) if one else (lambda e: e.over("rank"))
     ev = ev.with_columns(
-        [pl.when(pl.col("_p") == k).then(pl.col("d")).otherwise(0).cum_sum().over("rank").alias(f"_c{k}") for k in range(n)]
-        + [(pl.col("t").shift(-1).over("rank") - pl.col("t")).alias("_len")]
+        [per(pl.when(pl.col("_p") == k).then(pl.col("d")).otherwise(0).cum_sum()).alias(f"_c{k}") for k in range(n)]
+        + [(per(pl.col("t").shift(-1)) - pl.col("t")).alias("_len")]
     )
     top = pl.when(pl.col("_c0") > 0).then(0)
     for k in range(1, n):

@@ -68,7 +68,8 @@ def collective_ops(df: pl.DataFrame, *, cpu_ranks: list[int] | None = None) -> p
     is_coll = (pl.col("category") == "communication") | fam.str.contains(_COMM_FAMILY)
     if cpu_ranks is None:
         cpu_ranks = cpu_mode_ranks(df)
-    return df.filter(((pl.col("kind") == "kernel") | cpu_device_expr(cpu_ranks)) & is_coll.fill_null(False))
+    mask = df.select((((pl.col("kind") == "kernel") | cpu_device_expr(cpu_ranks)) & is_coll.fill_null(False)).fill_null(False).alias("m"))["m"]
+    return df if mask.all() else df.filter(mask)  # already collective rows only (the cross-rank pass): no copy
 
 
 def _norm_coll_name() -> pl.Expr:

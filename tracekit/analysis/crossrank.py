@@ -98,7 +98,8 @@ class CrossRankPlan:
     """The cross-rank half of :func:`cross_rank_sections`, from the small cross-rank rows only.
 
     ``inst``: matched instances (aligned time base) with arrival inside the window, only the
-    columns the per-rank analyses and the summaries read; ``waits``: ``rank, arrival_ns, wait_ns``
+    columns the per-rank analyses read (``name`` categorical); ``groups``, ``per_rank``,
+    ``instances``: the collective summaries, already computed; ``waits``: ``rank, arrival_ns, wait_ns``
     of every instance in the input's time base (:meth:`comm_parts` splits each rank's collective
     kernels with it); ``split``: whether the breakdown splits communication (some collective
     kernel has a duration).
@@ -112,6 +113,9 @@ class CrossRankPlan:
     spans: Any
     align: AlignResult
     inst: pl.DataFrame
+    groups: pl.DataFrame
+    per_rank: pl.DataFrame
+    instances: int
     waits: pl.DataFrame
     split: bool
     cpu_ranks: list[int]
@@ -126,7 +130,9 @@ class CrossRankPlan:
         return split_communication(df, w, cpu_ranks=self.cpu_ranks)
 
     def rank_instances(self, ranks: list[int] | None) -> pl.DataFrame:
-        return self.inst if ranks is None else self.inst.filter(pl.col("rank").is_in(ranks))
+        """Instance rows of ``ranks`` (all when None) as :func:`match_collectives` types them."""
+        i = self.inst if ranks is None else self.inst.filter(pl.col("rank").is_in(ranks))
+        return i.with_columns(pl.col("name").cast(pl.String))
 
 
 @dataclass
@@ -169,6 +175,8 @@ def cross_rank_plan(
     if cpu_ranks is None:
         cpu_ranks = cpu_mode_ranks(small)
     coll = collective_ops(small, cpu_ranks=cpu_ranks)
+    step_rows = small.filter(pl.col("kind") == "step")
+    del small  # the caller may hand its only reference over: the collective and step rows are all that is kept
     inst0 = match_collectives(coll, cpu_ranks=cpu_ranks)
     al = solve_clock_offsets(ranks, inst0, meta)
     q.extend(al.quality)
@@ -186,22 +194,27 @@ def cross_rank_plan(
     ) if al.applied else inst_all
     waits = inst_orig.select("rank", "arrival_ns", "wait_ns")
     split = coll.filter(pl.col("dur_ns") > 0).height > 0  # = split_communication(coll, inst_orig) has rows
-    del inst_orig, inst0
+    del inst_orig, inst0, inst_all
     min_wait = int(opts.get("min_wait_ns", MIN_WAIT_NS))
     min_rel = float(opts.get("min_rel_step", MIN_REL_STEP))
     # stalls read the step rows of the aligned frame inside the window (the same rows each rank's slice holds)
-    steps = _clip_rows(apply_offsets(small.filter(pl.col("kind") == "step"), al.offsets_ns) if al.applied
-                       else small.filter(pl.col("kind") == "step"), lo, hi)
+    del coll
+    steps = _clip_rows(apply_offsets(step_rows, al.offsets_ns) if al.applied else step_rows, lo, hi)
     sp = stall_plan(inst, stall_steps(steps), min_wait_ns=min_wait, min_rel_step=min_rel)
     comm_wait = comm_wait_by_step(inst)
-    inst = inst.select(_INST_KEEP)
-    return CrossRankPlan(meta, q, max_items, lo, hi, getattr(opts.get("window"), "spans", None), al, inst, waits, split,
-                         list(cpu_ranks), comm_wait, sp, min_wait, min_rel)
+    groups = collective_summary(inst)
+    per_rank = inst.group_by("rank").agg(
+        pl.col("dur_ns").sum().alias("kernel_ns"), pl.col("wait_ns").sum().alias("wait_ns"),
+        (pl.col("dur_ns") - pl.col("wait_ns")).sum().alias("transfer_ns"),
+    ).sort("rank") if inst.height else pl.DataFrame()
+    n_inst = int(inst.select(pl.struct("pg", "seq").n_unique()).item()) if inst.height else 0
+    inst = inst.select(_INST_KEEP).with_columns(pl.col("name").cast(pl.Categorical))
+    return CrossRankPlan(meta, q, max_items, lo, hi, getattr(opts.get("window"), "spans", None), al, inst, groups, per_rank,
+                         n_inst, waits, split, list(cpu_ranks), comm_wait, sp, min_wait, min_rel)
 
 
-#: instance columns read after planning (per-rank idle causes and PCIe, collective summaries)
-_INST_KEEP = ["pg", "seq", "rank", "name", "coll_name", "algo", "step_id", "arrival_ns", "end_ns", "dur_ns", "wait_ns",
-              "transfer_ns", "late_rank", "bytes", "bus_bw_bytes_per_s", "quality"]
+#: instance columns the per-rank analyses read (idle causes: waiting_on_peer; PCIe: collective phases)
+_INST_KEEP = ["rank", "name", "step_id", "arrival_ns", "end_ns", "wait_ns", "transfer_ns", "late_rank", "bus_bw_bytes_per_s"]
 
 
 def cross_rank_part(df: pl.DataFrame, plan: CrossRankPlan, *, ranks: list[int] | None = None) -> CrossRankPart:
@@ -240,18 +253,13 @@ def cross_rank_part(df: pl.DataFrame, plan: CrossRankPlan, *, ranks: list[int] |
 
 def cross_rank_finish(plan: CrossRankPlan, parts: list[CrossRankPart]) -> dict[str, Any]:
     """JSON sections from the plan and every rank's :class:`CrossRankPart` (see :func:`cross_rank_sections`)."""
-    q, max_items, inst, al = plan.quality, plan.max_items, plan.inst, plan.align
+    q, max_items, al = plan.quality, plan.max_items, plan.align
     if plan.stalls is not None:
         stalls = stall_finish(plan.stalls, [p.stalls for p in parts if p.stalls is not None])
     else:
         stalls = empty_stalls()
     ssum = stall_summary(stalls)
     lost = lost_by_rank(stalls)
-    csum = collective_summary(inst)
-    per_rank_comm = inst.group_by("rank").agg(
-        pl.col("dur_ns").sum().alias("kernel_ns"), pl.col("wait_ns").sum().alias("wait_ns"),
-        (pl.col("dur_ns") - pl.col("wait_ns")).sum().alias("transfer_ns"),
-    ).sort("rank") if inst.height else pl.DataFrame()
     idle = IdleCauses(pl.DataFrame(), _concat([p.idle_totals for p in parts], _IDLE_TOTALS),
                       _concat([p.idle_largest for p in parts], _IDLE_GAPS))
     pcie = pcie_finish([p.pcie for p in parts])
@@ -269,9 +277,9 @@ def cross_rank_finish(plan: CrossRankPlan, parts: list[CrossRankPart]) -> dict[s
             "waiting_rank", "late_rank", "wait_ns", "ts_ns", "step", "collective", "cause", "detail"), max_items),
         "collectives": {
             "clock_alignment": al.to_json(),
-            "instances": int(inst.select(pl.struct("pg", "seq").n_unique()).item()) if inst.height else 0,
-            "groups": _records(csum),
-            "per_rank": _records(per_rank_comm),
+            "instances": plan.instances,
+            "groups": _records(plan.groups),
+            "per_rank": _records(plan.per_rank),
             "stall_count": stalls.height,
             "stall_summary": _records(ssum),
             "lost_by_rank": {str(r): int(v) for r, v in zip(lost["rank"].to_list(), lost["lost_ns"].to_list())},

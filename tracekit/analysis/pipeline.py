@@ -181,9 +181,8 @@ def run_analysis(
     if cross_rank:
         from tracekit.analysis import crossrank
 
-        plan = crossrank.cross_rank_plan(ov.small, meta, {"window": win, "quality": quality}, ranks=ov.all_ranks,
+        plan = crossrank.cross_rank_plan(ov.take_small(), meta, {"window": win, "quality": quality}, ranks=ov.all_ranks,
                                          cpu_ranks=ov.cpu_ranks)
-    ov.small = pl.DataFrame()  # the plan holds what it needs
     split = plan.split if plan is not None else False
     bd_parts, kt_parts, cr_parts = [], [], []
     for ranks, df in source.parts(ov.all_ranks):

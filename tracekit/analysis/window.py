@@ -106,6 +106,11 @@ class Overview:
     small: pl.DataFrame
     cpu_ranks: list[int]
 
+    def take_small(self) -> pl.DataFrame:
+        """The small rows, handed over: the overview keeps none (so the taker can free them)."""
+        rows, self.small = self.small, pl.DataFrame()
+        return rows
+
     @property
     def all_ranks(self) -> list[int]:
         return [int(r) for r in self.ranks["rank"].to_list()]
@@ -200,7 +205,8 @@ def transient_end_ns(df: pl.DataFrame | pl.LazyFrame, *, overview: "Overview | N
     ext = ov.extents
     if ext.height < 2:
         return None
-    comm = ov.small.filter(device_op_expr(ov.cpu_ranks) & (pl.col("category") == "communication"))
+    comm = ov.small.lazy().filter(device_op_expr(ov.cpu_ranks) & (pl.col("category") == "communication")).select(
+        "rank", "ts_ns", "dur_ns").collect()
     if comm.height == 0:
         return None
     latest_first = int(ext["lo"].max())
@@ -303,7 +309,8 @@ def _select(
     lo = lo0
     hi = int(ext["hi"].max())
     if skip_steps:
-        steps = ov.small.filter((pl.col("kind") == "step") & pl.col("profiled").fill_null(True)).sort("ts_ns", maintain_order=True)
+        steps = ov.small.lazy().filter((pl.col("kind") == "step") & pl.col("profiled").fill_null(True)).select(
+            "step_id", "ts_ns").collect().sort("ts_ns", maintain_order=True)
         starts = steps.group_by("step_id").agg(pl.col("ts_ns").min()).sort("step_id") if steps.height else steps
         if starts.height <= skip_steps:
             raise UsageError(f"--skip-steps {skip_steps}: the trace has only {starts.height} profiled steps")
