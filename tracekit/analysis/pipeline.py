@@ -45,7 +45,7 @@ __all__ = ["ANALYSIS_COLUMNS", "analysis_rows_expr", "FrameSource", "ScanSource"
 #: Version of the analyze JSON object (bumped on incompatible changes).
 ANALYSIS_VERSION = 1
 
-#: the columns any analysis of ``tracekit analyze`` reads (28 of the trace's 49)
+#: the columns any analysis of ``tracekit analyze`` reads (30 of the trace's 49)
 ANALYSIS_COLUMNS = [
     "rank", "kind", "ts_ns", "dur_ns", "stream", "tid", "name", "category", "family", "launch_ts_ns", "launch_dur_ns",
     "launch_tid", "bytes", "memcpy_kind", "coll_name", "coll_in_nelems", "coll_out_nelems", "coll_dtype", "coll_group_size",
