@@ -78,7 +78,7 @@ class RuleSet:
         gpu = pl.col("kind").is_in(["kernel", "memcpy", "memset"])
         # rules run once per distinct name; rows find theirs by the name's dictionary code
         code = pl.col("name").cast(pl.Categorical).to_physical()
-        names = df.filter(gpu).select(code.alias("_code"), pl.col("name").cast(pl.String).alias("name")).unique("_code")
+        names = df.lazy().filter(gpu).select(code.alias("_code"), pl.col("name").cast(pl.String).alias("name")).unique("_code").collect()
         table = self.classify_names(names.get_column("name").to_list())
         table = names.join(table, on="name", how="left").select("_code", pl.col("category").alias("_c"), pl.col("family").alias("_f"))
         look = df.select(code.alias("_code")).join(table, on="_code", how="left", maintain_order="left")

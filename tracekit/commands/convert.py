@@ -20,7 +20,7 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(Path("trace.parquet"), "-o", "--out", help="Output trace.parquet."),
         force: bool = typer.Option(False, "--force", help="Overwrite an existing output."),
         rules: Optional[Path] = typer.Option(None, "--rules", help="Extra category rules (JSON/YAML), tried before the defaults."),
-        jobs: Optional[int] = typer.Option(None, "-j", "--jobs", help="Ranks converted in parallel (default: cores)."),
+        jobs: Optional[int] = typer.Option(None, "-j", "--jobs", help="Ranks converted at once. Default 1: one rank at a time, its JSON decoded by all cores (memory of one rank). N>1: N ranks in worker processes, ~N x the memory."),
         quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar or summary."),
     ) -> None:
         """Convert torch.profiler/Kineto JSON (SGLang per-rank files included) or Nsight Systems exports into one trace.parquet."""

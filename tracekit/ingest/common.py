@@ -114,7 +114,7 @@ def attach(df: pl.DataFrame, small: pl.DataFrame, on: str) -> pl.DataFrame:
 
 def _launch_join(df: pl.DataFrame) -> pl.DataFrame:
     rt = (
-        df.filter((pl.col("kind") == "runtime") & pl.col("correlation").is_not_null() & (pl.col("correlation") != 0))
+        df.lazy().filter((pl.col("kind") == "runtime") & pl.col("correlation").is_not_null() & (pl.col("correlation") != 0))
         .select(
             "correlation",
             pl.col("ts_ns").alias("_lts"),
@@ -123,6 +123,7 @@ def _launch_join(df: pl.DataFrame) -> pl.DataFrame:
             pl.col("name").cast(pl.String).alias("_lname"),
         )
         .unique("correlation", keep="first", maintain_order=True)
+        .collect()
     )
     if rt.height == 0:
         return df
@@ -197,7 +198,7 @@ def _cpu_mode(df: pl.DataFrame) -> pl.DataFrame:
       ``launch_name``), so steps and context rules see them on the forward thread.
     """
     kind = pl.col("kind")
-    if df.filter(kind.is_in(GPU_KINDS)).height:
+    if df.select(kind.is_in(GPU_KINDS).any()).item():
         return df
     name = pl.col("name").cast(pl.String)
     d = df.with_row_index("_row")
@@ -289,7 +290,12 @@ def _context_rules(df: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:
         pl.col("rname").replace_strict(rule_of, return_dtype=pl.Int32).alias("_rule")
     )
     is_gpu = pl.col("kind").is_in(GPU_KINDS)
-    gpu = df.with_row_index("_row").filter((is_gpu & pl.col("launch_ts_ns").is_not_null()) | _cpu_device_row())
+    gpu = (
+        df.lazy().with_row_index("_row")
+        .filter((is_gpu & pl.col("launch_ts_ns").is_not_null()) | _cpu_device_row())
+        .select("_row", "kind", "tid", "ts_ns", "launch_tid", "launch_ts_ns", "category", "family", "name")
+        .collect()
+    )
     if gpu.height == 0:
         return df
     hit = covered_by(
@@ -342,7 +348,7 @@ _COLL_COLS = ["coll_name", "coll_in_nelems", "coll_out_nelems", "coll_dtype", "c
 
 def _collectives(df: pl.DataFrame) -> pl.DataFrame:
     is_comm = (pl.col("kind").is_in(GPU_KINDS) | _cpu_device_row()) & (pl.col("category") == "communication")
-    if df.filter(is_comm).height == 0:
+    if not df.select(is_comm.any()).item():
         return df
     # 1. record_param_comms enclosing the launching runtime call on the same thread
     rpc = df.filter((pl.col("kind") == "cpu_op") & (pl.col("name") == "record_param_comms"))
@@ -383,7 +389,7 @@ def _collectives(df: pl.DataFrame) -> pl.DataFrame:
     )
     # 3. sequence within (process group or family); recorded Seq wins when present
     key = pl.coalesce(pl.col("pg_name").cast(pl.String), pl.lit("fam:") + pl.col("family").cast(pl.String))
-    comm = d.filter(is_comm).select("_row", "ts_ns", key.alias("_k")).sort("ts_ns")
+    comm = d.lazy().filter(is_comm).select("_row", "ts_ns", key.alias("_k")).collect().sort("ts_ns")
     comm = comm.with_columns((pl.col("ts_ns").rank("ordinal").over("_k") - 1).cast(pl.Int64).alias("_seq"))
     d = attach(d, comm.select("_row", "_seq"), "_row")
     d = d.with_columns(pl.coalesce("coll_seq", "_seq").alias("coll_seq")).drop(["_seq", "_row"])
@@ -391,19 +397,19 @@ def _collectives(df: pl.DataFrame) -> pl.DataFrame:
 
 
 def _assign_steps(df: pl.DataFrame) -> pl.DataFrame:
-    steps = df.filter(pl.col("kind") == "step").select(
+    steps = df.lazy().filter(pl.col("kind") == "step").select(
         "tid", pl.col("ts_ns").alias("start"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("end"), pl.col("step_id").alias("_sid")
-    )
+    ).collect()
     if steps.height == 0:
         return df
     d = df.with_row_index("_row")
     is_gpu = pl.col("kind").is_in(GPU_KINDS)
     launched = is_gpu | _cpu_device_row()  # CPU mode: a gloo collective is placed by the c10d op that issued it
-    pts = d.filter((is_gpu & pl.col("launch_ts_ns").is_not_null()) | _cpu_device_row() | (pl.col("kind") == "runtime")).select(
+    pts = d.lazy().filter((is_gpu & pl.col("launch_ts_ns").is_not_null()) | _cpu_device_row() | (pl.col("kind") == "runtime")).select(
         "_row",
         pl.when(launched).then(pl.coalesce("launch_tid", "tid")).otherwise(pl.col("tid")).alias("tid"),
         pl.when(launched).then(pl.coalesce("launch_ts_ns", "ts_ns")).otherwise(pl.col("ts_ns")).alias("ts"),
-    )
+    ).collect()
     if pts.height == 0:
         return df
     has_tid = steps.get_column("tid").null_count() < steps.height
@@ -415,8 +421,12 @@ def _assign_steps(df: pl.DataFrame) -> pl.DataFrame:
     return d.with_columns(pl.coalesce("step_id", "_sid").alias("step_id")).drop(["_row", "_sid"])
 
 
-def finalize_rank(raw: pl.DataFrame, rules: RuleSet | None = None) -> pl.DataFrame:
-    """Finish one rank's raw rows (see module docstring); returns a conformed frame sorted by ts."""
+def finalize_rank(raw: pl.DataFrame, rules: RuleSet | None = None, *, sort: bool = True) -> pl.DataFrame:
+    """Finish one rank's raw rows (see module docstring); returns a conformed frame sorted by ts.
+
+    ``sort=False`` skips the final sort (a full copy of the rank): the caller
+    then orders rows itself, e.g. slice by slice with ``ts_order`` while writing.
+    """
     rules = rules or default_rules()
     df = conform(raw)
     df = parse_steps(df)
@@ -426,4 +436,10 @@ def finalize_rank(raw: pl.DataFrame, rules: RuleSet | None = None) -> pl.DataFra
     df = _context_rules(df, rules)
     df = _collectives(df)
     df = _assign_steps(df)
-    return conform(df).sort("ts_ns", maintain_order=True)
+    df = conform(df)
+    return df.sort("ts_ns", maintain_order=True) if sort else df
+
+
+def ts_order(df: pl.DataFrame) -> pl.Series:
+    """Row indices that sort ``df`` by ``ts_ns`` (stable), as ``finalize_rank(sort=True)`` would order it."""
+    return df.select(pl.int_range(pl.len(), dtype=pl.UInt32).sort_by("ts_ns", maintain_order=True)).to_series()

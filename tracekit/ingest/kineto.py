@@ -438,7 +438,7 @@ def _read_streaming(p: Path, rank: int | None, exact: bool | None) -> tuple[pl.D
     """Bounded-memory path: decompress and decode chunk by chunk (see kineto_stream).
 
     Chunks are decoded by a small thread pool, in order, with at most
-    ``2 x threads`` chunks in flight, so memory stays a few chunks above the
+    ``threads + 1`` chunks in flight, so memory stays a few chunks above the
     decoded columns.
     """
     es = EventStream(p, _CHUNK_BYTES, _TOP)
@@ -463,7 +463,7 @@ def _read_streaming(p: Path, rank: int | None, exact: bool | None) -> tuple[pl.D
                 for chunk in es.chunks():
                     pending.append(ex.submit(_stage_chunk, chunk, p, exact))
                     del chunk
-                    while len(pending) >= 2 * nthreads:
+                    while len(pending) > nthreads:
                         take(pending.popleft().result())
                 while pending:
                     take(pending.popleft().result())
