@@ -173,3 +173,23 @@ def test_footer_metadata(tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
     assert pq.read_schema(out).remove_metadata() == ARROW_SCHEMA
+
+
+@needs_traces
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_part_formats_and_job_counts_give_the_same_file(tmp_path: Path, monkeypatch, jobs: int) -> None:
+    """Large ranks go through lz4 Parquet parts, small ones through Arrow IPC; worker processes or not:
+    the output rows are identical, sorted by (rank, ts_ns), clock offsets and all."""
+    import tracekit.ingest.convert as conv
+
+    src = HTA / "trace_filter"
+    ref = convert([src], tmp_path / "ipc.parquet", jobs=1)
+    monkeypatch.setattr(conv, "IPC_PART_MAX_BYTES", 0)
+    monkeypatch.setattr(conv, "_PARALLEL_MIN_BYTES", 0)
+    other = convert([src], tmp_path / "pq.parquet", jobs=jobs)
+    a, ma = read_trace(ref.out)
+    b, mb = read_trace(other.out)
+    assert a.height > 1000 and a.get_column("rank").unique().sort().to_list() == [0, 1]
+    assert_frame_equal(a, b)
+    assert ma["clock_offsets_ns"] == mb["clock_offsets_ns"]
+    assert a.equals(a.sort(["rank", "ts_ns"], maintain_order=True))
