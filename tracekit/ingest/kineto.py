@@ -571,13 +571,6 @@ def _empty_stage() -> pl.DataFrame:
     return pl.DataFrame(schema=_STAGE_SCHEMA)
 
 
-def _count_unknown(cats: pl.Series, unknown: dict[str, int]) -> None:
-    vc = cats.value_counts()
-    for cat, n in vc.iter_rows():
-        key = str(cat)
-        unknown[key] = unknown.get(key, 0) + int(n)
-
-
 _PA_ARGS = pa.struct([
     ("correlation", pa.int64()), ("External id", pa.int64()), ("device", pa.int64()), ("stream", pa.int64()),
     ("grid", pa.list_(pa.int64())), ("block", pa.list_(pa.int64())), ("registers per thread", pa.int64()),
@@ -636,13 +629,14 @@ def _fast_stage(chunk: bytes, unknown: dict[str, int]) -> pl.DataFrame | None:
         return None
     known = list(KINETO_KINDS)
     is_x = pl.col("ph") == "X"
-    unk = ev.filter(is_x & ~pl.col("cat").is_in(known) & ~pl.col("cat").is_in(list(_SKIP)))
-    if unk.height:
-        _count_unknown(unk.get_column("cat").fill_null("None"), unknown)
+    lf = ev.lazy()
+    unk = lf.filter(is_x & ~pl.col("cat").is_in(known) & ~pl.col("cat").is_in(list(_SKIP))).group_by(
+        pl.col("cat").fill_null("None")).len().collect()
+    for cat, n in unk.iter_rows():
+        unknown[str(cat)] = unknown.get(str(cat), 0) + int(n)
     inst = pl.col("ph").is_in(["i", "I"]) & (pl.col("cat").is_null() | ~pl.col("cat").is_in(list(_SKIP))) & pl.col("ts").is_not_null()
-    ev = ev.filter((is_x & pl.col("cat").is_in(known)) | inst)
     a = pl.col("args")
-    out = ev.select(
+    out = lf.filter((is_x & pl.col("cat").is_in(known)) | inst).select(
         pl.when(pl.col("ph") == "X").then(pl.col("cat").replace_strict(KINETO_KINDS, default=None)).otherwise(pl.lit("instant")).alias("kind"),
         pl.col("cat").alias("src"),
         pl.col("name").fill_null(""),
@@ -658,7 +652,7 @@ def _fast_stage(chunk: bytes, unknown: dict[str, int]) -> pl.DataFrame | None:
         pl.lit(None, dtype=pl.String).alias("input_types"),
         *[a.struct.field(g).list.get(i, null_on_oob=True).cast(pl.Int32).alias(f"{g}_{x}") for g in ("grid", "block") for i, x in enumerate("xyz")],
     )
-    return out.select([pl.col(k).cast(t) for k, t in _STAGE_SCHEMA.items()])
+    return out.select([pl.col(k).cast(t) for k, t in _STAGE_SCHEMA.items()]).collect()
 
 
 def _exact_stage(chunk: bytes, path: Path, unknown: dict[str, int]) -> pl.DataFrame:
