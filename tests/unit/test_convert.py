@@ -193,3 +193,29 @@ def test_part_formats_and_job_counts_give_the_same_file(tmp_path: Path, monkeypa
     assert_frame_equal(a, b)
     assert ma["clock_offsets_ns"] == mb["clock_offsets_ns"]
     assert a.equals(a.sort(["rank", "ts_ns"], maintain_order=True))
+
+
+def _window_doc(t0_us: int, n: int) -> dict:
+    from kineto_doc import annotation
+
+    evs = [annotation("ProfilerStep#0", t0_us, 100 * n)]
+    for i in range(n):
+        evs += [runtime("cudaLaunchKernel", t0_us + i * 100 + 1, 5, corr=i + 1),
+                kernel("gemm_kernel", t0_us + i * 100 + 10, 50, corr=i + 1)]
+    return doc(evs, rank=0, world_size=1)
+
+
+@pytest.mark.parametrize("gap_us", [10_000, -500], ids=["apart", "overlapping"])
+def test_windows_of_one_rank_merge_in_time_order(tmp_path: Path, gap_us: int) -> None:
+    """Two profiler windows of one rank: streamed one after the other when apart in time, merged and
+    sorted in memory when they overlap; either way rows are in time order and step ids stay unique."""
+    a = write_doc(tmp_path / "rank0.win0.trace.json", _window_doc(1000, 20))
+    b = write_doc(tmp_path / "rank0.win1.trace.json", _window_doc(1000 + 2000 + gap_us, 20))
+    res = convert([a, b], tmp_path / "o.parquet")
+    df, _meta = read_trace(res.out)
+    assert df.height == 82
+    assert df.get_column("ts_ns").is_sorted()
+    steps = df.filter(pl.col("kind") == "step").sort("ts_ns")
+    assert steps.get_column("step_id").to_list() == [0, 1]
+    k = df.filter(pl.col("kind") == "kernel")
+    assert k.group_by("step_id").len().sort("step_id").get_column("len").to_list() == [20, 20]
