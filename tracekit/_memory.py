@@ -57,13 +57,13 @@ def tune_runtime() -> None:
     if _tuned:
         return
     _tuned = True
-    if os.environ.get("TRACEKIT_ARROW_DECAY_MS", "").isdigit() or "TRACEKIT_ARROW_DECAY_MS" not in os.environ:
-        try:
-            import pyarrow as pa
+    env = os.environ.get("TRACEKIT_ARROW_DECAY_MS", "")
+    try:
+        import pyarrow as pa
 
-            pa.jemalloc_set_decay_ms(int(os.environ.get("TRACEKIT_ARROW_DECAY_MS", ARROW_DECAY_MS)))
-        except Exception:  # noqa: BLE001 - wheel without jemalloc, or a different default pool
-            pass
+        pa.jemalloc_set_decay_ms(int(env) if env.isdigit() else ARROW_DECAY_MS)
+    except Exception:  # noqa: BLE001 - wheel without jemalloc, or a different default pool
+        pass
 
 
 def release_memory() -> None:

@@ -1,0 +1,35 @@
+"""Allocator tuning (tracekit/_memory.py): defaults only, never overriding the user."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def _env_after_import(env: dict[str, str]) -> str:
+    code = "import os, tracekit; print(os.environ.get('_RJEM_MALLOC_CONF', ''))"
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_polars_allocator_default_is_set_before_polars_loads(monkeypatch) -> None:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
+    conf = _env_after_import(env)
+    assert conf.startswith("dirty_decay_ms:50,muzzy_decay_ms:0,narenas:")
+    assert int(conf.rsplit(":", 1)[1]) >= 1
+
+
+def test_user_setting_wins() -> None:
+    import os
+
+    env = dict(os.environ, _RJEM_MALLOC_CONF="dirty_decay_ms:10000")
+    assert _env_after_import(env) == "dirty_decay_ms:10000"
+
+
+def test_runtime_knobs_are_idempotent_and_safe() -> None:
+    from tracekit._memory import release_memory, tune_runtime
+
+    tune_runtime()
+    tune_runtime()
+    release_memory()
