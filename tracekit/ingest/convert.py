@@ -620,11 +620,9 @@ def _transform_df(df: pl.DataFrame, sh: tuple[int, dict[str, int]], sid_map: dic
     if step_add:
         df = df.with_columns(pl.col("step_id") + step_add)
     if seq_shift:
-        is_comm = pl.col("category") == "communication"
-        key = pl.coalesce(pl.col("pg_name").cast(pl.String), pl.lit("fam:") + pl.col("family").cast(pl.String))
         df = df.with_columns(
-            pl.when(is_comm & pl.col("coll_seq").is_not_null())
-            .then(pl.col("coll_seq") + key.replace_strict(seq_shift, default=0, return_dtype=pl.Int64))
+            pl.when(_COMM & pl.col("coll_seq").is_not_null())
+            .then(pl.col("coll_seq") + _COLL_KEY.replace_strict(seq_shift, default=0, return_dtype=pl.Int64))
             .otherwise(pl.col("coll_seq"))
             .alias("coll_seq")
         )
