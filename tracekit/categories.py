@@ -17,6 +17,8 @@ from typing import Any, Iterable
 
 import polars as pl
 
+from tracekit._frames import NAME_CODE, attach, distinct_names
+
 from tracekit._errors import InputError
 from tracekit._resources import schema_file
 from tracekit.schema import CATEGORIES
@@ -77,12 +79,10 @@ class RuleSet:
         """Set ``category``/``family`` on GPU op rows (kernel, memcpy, memset) by name."""
         gpu = pl.col("kind").is_in(["kernel", "memcpy", "memset"])
         # rules run once per distinct name; rows find theirs by the name's dictionary code
-        code = pl.col("name").cast(pl.Categorical).to_physical()
-        names = df.lazy().filter(gpu).select(code.alias("_code"), pl.col("name").cast(pl.String).alias("name")).unique("_code").collect()
+        names = distinct_names(df, gpu)
         table = self.classify_names(names.get_column("name").to_list())
         table = names.join(table, on="name", how="left").select("_code", pl.col("category").alias("_c"), pl.col("family").alias("_f"))
-        look = df.select(code.alias("_code")).join(table, on="_code", how="left", maintain_order="left")
-        out = df.hstack([look.get_column("_c"), look.get_column("_f")])
+        out = attach(df, table, "_code", key=NAME_CODE)
         return out.with_columns(
             pl.when(gpu).then(pl.col("_c")).otherwise(pl.col("category").cast(pl.String)).cast(pl.Categorical).alias("category"),
             pl.when(gpu).then(pl.col("_f")).otherwise(pl.col("family").cast(pl.String)).cast(pl.Categorical).alias("family"),

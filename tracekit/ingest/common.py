@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from tracekit._frames import NAME_CODE, attach, distinct_names
 from tracekit.analysis.intervals import covered_by
 from tracekit.categories import RuleSet, default_rules
 from tracekit.schema import conform
@@ -52,11 +53,7 @@ def parse_steps(df: pl.DataFrame) -> pl.DataFrame:
     """
     is_range = pl.col("kind") == "range"
     # regexes run on the distinct range names only; rows find theirs by the name's dictionary code
-    names = (
-        df.filter(is_range)
-        .select(pl.col("name").cast(pl.Categorical).to_physical().alias("_code"), pl.col("name").cast(pl.String).alias("_sn"))
-        .unique("_code")
-    )
+    names = distinct_names(df, is_range).rename({"name": "_sn"})
     chosen = None
     for tag, rx in STEP_PATTERNS.items():
         if names.filter(pl.col("_sn").str.contains(rx)).height:
@@ -75,11 +72,8 @@ def parse_steps(df: pl.DataFrame) -> pl.DataFrame:
         (fields.field("id").cast(pl.Int64, strict=False) if numbered else pl.lit(None, dtype=pl.Int64)).alias("_sid"),
         pl.lit(True).alias("_hit"),
     )
-    look = df.select(pl.when(is_range).then(pl.col("name").cast(pl.Categorical).to_physical()).alias("_code")).join(
-        table, on="_code", how="left", maintain_order="left"
-    )
     hit = pl.col("_hit").fill_null(False)
-    out = df.hstack(look.drop("_code").get_columns()).with_columns(
+    out = attach(df, table, "_code", key=pl.when(is_range).then(NAME_CODE)).with_columns(
         pl.when(hit).then(pl.lit("step").cast(pl.Categorical)).otherwise(pl.col("kind").cast(pl.Categorical)).alias("kind"),
         pl.when(hit).then(pl.col("_mode")).otherwise(pl.col("step_mode").cast(pl.String)).alias("step_mode"),
         pl.when(hit).then(pl.col("_bs")).otherwise(pl.col("batch_size")).alias("batch_size"),
@@ -100,16 +94,6 @@ def parse_steps(df: pl.DataFrame) -> pl.DataFrame:
         order = (out.get_column("ts_ns").gather(idx).rank("ordinal") - 1).cast(pl.Int64)
         out = out.with_columns(out.get_column("step_id").cast(pl.Int64).clone().scatter(idx, order).alias("step_id"))
     return conform(out)
-
-
-def attach(df: pl.DataFrame, small: pl.DataFrame, on: str) -> pl.DataFrame:
-    """``df.join(small, on=on, how="left")`` for ``small`` unique on ``on``, without copying ``df``.
-
-    Only the key column is joined; the looked-up columns are appended to the
-    (shared, not copied) columns of ``df``. Row order and count are kept.
-    """
-    cols = df.select(on).join(small, on=on, how="left", maintain_order="left").drop(on)
-    return df.hstack(cols.get_columns())
 
 
 def _launch_join(df: pl.DataFrame) -> pl.DataFrame:

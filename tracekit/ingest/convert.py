@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator, Sequence
 import polars as pl
 import pyarrow.parquet as pq
 
-from tracekit._errors import InputError, QualityLog, TracekitError
+from tracekit._errors import InputError, OutputError, QualityLog, TracekitError
 from tracekit._memory import release_memory, tune_runtime
 from tracekit.categories import RuleSet, load_rules
 from tracekit.ingest.common import finalize_rank, ts_order
@@ -123,6 +123,11 @@ _COMM = pl.col("category") == "communication"
 _COLL_KEY = pl.coalesce(pl.col("pg_name").cast(pl.String), pl.lit("fam:") + pl.col("family").cast(pl.String))
 
 
+def _part_error(e: OSError, part: str, out_label: str) -> OutputError:
+    """One-line error for a temporary part that could not be written (disk full, quota, I/O)."""
+    return OutputError(f"{out_label or part}: cannot write a temporary part ({e.strerror or e}); free disk space or choose another -o")
+
+
 def _write_part(df: pl.DataFrame, part: str, out_label: str) -> None:
     """A rank's finalized rows, sorted by ts, in the final Arrow schema, in batches of :data:`PART_ROWS`.
 
@@ -131,8 +136,6 @@ def _write_part(df: pl.DataFrame, part: str, out_label: str) -> None:
     disk, ~0.35 s more per 376 k rows). Compressed IPC was not used: zstd IPC grew the
     process by ~10 MB per rank (codec contexts).
     """
-    from tracekit._errors import OutputError
-
     order = ts_order(df)  # sorted slice by slice: no second full copy of the rank
     try:
         if df.estimated_size() <= IPC_PART_MAX_BYTES:
@@ -145,15 +148,13 @@ def _write_part(df: pl.DataFrame, part: str, out_label: str) -> None:
             for off in range(0, df.height, PART_ROWS):
                 w.write_table(to_arrow(df[order.slice(off, PART_ROWS)]))
     except OSError as e:
-        raise OutputError(f"{out_label or part}: cannot write a temporary part ({e.strerror or e}); free disk space or choose another -o") from None
+        raise _part_error(e, part, out_label) from None
 
 
 def _part_summary(df: pl.DataFrame, part: str, out_label: str) -> dict[str, Any]:
     """What the parent needs from a part besides its rows: collective rows (clock alignment, a small
     Parquet file), traced steps (dedupe of capture-side step records), step-id and collective
     sequence ranges (several windows of one rank)."""
-    from tracekit._errors import OutputError
-
     comm = df.filter(_COMM)
     comm_part = None
     if comm.height:
@@ -161,7 +162,7 @@ def _part_summary(df: pl.DataFrame, part: str, out_label: str) -> dict[str, Any]
         try:
             comm.write_parquet(comm_part, compression="lz4")
         except OSError as e:
-            raise OutputError(f"{out_label or part}: cannot write a temporary part ({e.strerror or e}); free disk space or choose another -o") from None
+            raise _part_error(e, part, out_label) from None
     steps = df.filter(pl.col("kind") == "step").select("ts_ns", "step_id")
     sid = df.get_column("step_id")
     seq = comm.filter(pl.col("coll_seq").is_not_null()).group_by(_COLL_KEY.alias("_k")).agg(
@@ -292,8 +293,6 @@ def convert(
         load_rules(rules_path)  # validate early, one-line error
     in_bytes = sum(s.path.stat().st_size if s.path.is_file() else sum(f.stat().st_size for f in s.path.iterdir()) for s in sources)
     # refuse early (before the work) when the output exists or cannot be written
-    from tracekit._errors import OutputError
-
     if out.exists() and not force:
         raise OutputError(f"{out}: exists; pass --force to overwrite")
     if not (out.parent if str(out.parent) else Path(".")).is_dir():
