@@ -167,3 +167,73 @@ def test_exact_and_fast_paths_agree_on_mixed_doc(tmp_path: Path) -> None:
     assert a.height == 902
     assert_frame_equal(a, b, categorical_as_str=True)
     assert a.filter(pl.col("kind") == "instant")["name"].to_list() == ["marker"]
+
+
+def _events_text(evs: list[dict], sep: str, indent: int | None = None) -> bytes:
+    import json
+
+    body = sep.join(json.dumps(e, indent=indent) for e in evs)
+    return ('{"schemaVersion": 1, "distributedInfo": {"rank": 0, "world_size": 1}, "baseTimeNanoseconds": 1000,\n'
+            '"traceEvents": [\n' + body + "\n]}").encode()
+
+
+@pytest.mark.parametrize(
+    "sep,indent",
+    [(",\n  ", None), (",\n", None), (",\n", 2), (",", None), (", ", None), (" ,\r\n\t", None), (",\n\n", 4)],
+    ids=["torch", "per-line", "indented", "minified", "spaced", "odd-whitespace", "blank-lines"],
+)
+def test_event_layouts_decode_alike(tmp_path: Path, sep: str, indent: int | None) -> None:
+    # the fast path blanks the separators between events in place; every layout must give the exact path's rows
+    evs = []
+    for i in range(200):
+        evs.append(runtime("cudaLaunchKernel", 10 * i, 2, corr=i + 1, ext=i))
+        evs.append(kernel("void f<{lambda()#1}>(), {x}", 10 * i + 3, 1.5, corr=i + 1))  # braces and commas in a name
+    evs[7]["args"]["nested"] = [{"a": 1}, {"b": 2}]  # objects inside an event: spread over lines when indented
+    p = tmp_path / "t.json"
+    p.write_bytes(_events_text(evs, sep, indent))
+    a, _ = read_kineto(p, exact=False)
+    b, _ = read_kineto(p, exact=True)
+    assert a.height == 400
+    assert_frame_equal(a, b, categorical_as_str=True)
+
+
+def test_parse_events_leaves_the_chunk_as_given() -> None:
+    from tracekit.ingest.kineto import _parse_events
+
+    for text in (b'[{"ph": "X", "ts": 1},\n  {"ph": "X", "ts": 2}]', b'[{"ph": "X", "a": [{"x": 1},\n {"y": 2}]},\n{"ph": "i"}]',
+                 b'[{"ph": "X", "ts": 1}, {"ph": "X"]'):
+        chunk = bytearray(text)
+        tbl = _parse_events(chunk)
+        assert bytes(chunk) == text
+        if b'"a"' in text or text.endswith(b'"X"]'):
+            # objects split over lines inside an event, or invalid JSON: no table; the caller decodes the chunk exactly
+            assert tbl is None
+        else:
+            assert tbl is not None and tbl.num_rows == 2
+
+
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_many_small_chunks_give_the_whole_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: str) -> None:
+    # the streaming reader cuts the events into chunks, decodes them on a thread pool and stacks them in groups:
+    # rows and their order must not depend on the chunk size, the group size or the thread count
+    import tracekit.ingest.kineto as kineto
+
+    evs = []
+    n = 6000  # > 1 MB of text: the stream cuts chunks only that far ahead of the decoder
+    for i in range(n):
+        evs.append(runtime("cudaLaunchKernel", 10 * i, 2, corr=i + 1, ext=i))
+        evs.append(kernel(f"k{i % 5}", 10 * i + 3, 1.25, corr=i + 1, stream=7 + i % 2))
+    evs[301]["args"]["Input Dims"] = [[4, 4]]  # one chunk takes the exact decoder
+    p = tmp_path / "t.json.gz"
+    p.write_bytes(gzip.compress(_events_text(evs, ",\n  ")))
+    whole, _ = kineto._read_whole(p, None, None)
+    monkeypatch.setenv("TRACEKIT_PARSE_THREADS", threads)
+    monkeypatch.setattr(kineto, "_CHUNK_BYTES", 64 << 10)
+    monkeypatch.setattr(kineto, "_GROUP_CHUNKS", 3)
+    stacks: list[int] = []
+    stack = kineto._stack
+    monkeypatch.setattr(kineto, "_stack", lambda frames: (stacks.append(len(frames)), stack(frames))[1])
+    streamed, _ = kineto._read_streaming(p, None, None)
+    assert len(stacks) > 3 and stacks[0] == 3 and stacks[-1] == len(stacks) - 1  # groups of 3 chunks, then the groups
+    assert streamed.height == 2 * n
+    assert_frame_equal(streamed, whole, categorical_as_str=True)

@@ -16,7 +16,6 @@ vectorized.
 from __future__ import annotations
 
 import gzip
-import io
 import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,7 +26,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import msgspec
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.json as pajson
 from msgspec.structs import astuple
 import polars as pl
@@ -151,6 +152,8 @@ _CHUNK_TYPED = msgspec.json.Decoder(list[_EvTyped], float_hook=_as_str)
 _CHUNK_LOOSE = msgspec.json.Decoder(list[_Ev], float_hook=_as_str)
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _CHUNK_BYTES = 4 << 20
+#: decoded chunks stacked into one compact frame at a time (~32 MB of JSON)
+_GROUP_CHUNKS = 8
 _ARG_FIELDS = _Args.__struct_fields__
 
 
@@ -410,10 +413,13 @@ def read_kineto(path: str | Path, rank: int | None = None, *, exact: bool | None
     return _read_whole(p, rank, exact)
 
 
-def _stage_chunk(chunk: bytes, p: Path, exact: bool | None) -> tuple[pl.DataFrame, dict[str, int]]:
-    """One chunk -> stage frame + its unknown-category counts (thread-safe: no shared state)."""
+def _stage_chunk(chunk: bytes | bytearray, p: Path, exact: bool | None) -> tuple[pl.DataFrame, dict[str, int]]:
+    """One ``[...]`` chunk -> stage frame + its unknown-category counts (thread-safe: no shared state).
+
+    A ``bytearray`` chunk is modified while it is parsed and restored afterwards.
+    """
     unknown: dict[str, int] = {}
-    st = None if exact or _EPOCH_FRAC.search(chunk) or _SHAPES.search(chunk) else _fast_stage(chunk, unknown)
+    st = None if exact or _has_shapes(chunk) else _fast_stage(chunk if isinstance(chunk, bytearray) else bytearray(chunk), unknown)
     if st is None:
         try:
             st = _exact_stage(chunk, p, unknown)
@@ -443,14 +449,17 @@ def _read_streaming(p: Path, rank: int | None, exact: bool | None) -> tuple[pl.D
     """
     es = EventStream(p, _CHUNK_BYTES, _TOP)
     unknown: dict[str, int] = {}
-    frames: list[pl.DataFrame] = []
+    frames: list[pl.DataFrame] = []  # stacked groups of chunks
+    group: list[pl.DataFrame] = []
 
     def take(res: tuple[pl.DataFrame, dict[str, int]]) -> None:
         st, unk = res
         for k, v in unk.items():
             unknown[k] = unknown.get(k, 0) + v
         if st.height:
-            frames.append(st)
+            group.append(st)
+        if len(group) >= _GROUP_CHUNKS:
+            frames.append(_stack(group))  # compact copies; the parser's buffers go back now, not at the end
 
     nthreads = parse_threads()
     if nthreads == 1:
@@ -470,6 +479,8 @@ def _read_streaming(p: Path, rank: int | None, exact: bool | None) -> tuple[pl.D
             finally:
                 for f in pending:
                     f.cancel()
+    if group:
+        frames.append(_stack(group))
     try:
         top = _TOP.decode(es.top_document())
     except (msgspec.DecodeError, msgspec.ValidationError):
@@ -505,7 +516,7 @@ def _read_whole(p: Path, rank: int | None, exact: bool | None) -> tuple[pl.DataF
     unknown: dict[str, int] = {}
     frames: list[pl.DataFrame] = []
     for chunk in _chunks(raw_events):
-        st = None if exact or _EPOCH_FRAC.search(chunk) or _SHAPES.search(chunk) else _fast_stage(chunk, unknown)
+        st = None if exact or _has_shapes(chunk) else _fast_stage(bytearray(chunk), unknown)
         if st is None:
             st = _exact_stage(chunk, p, unknown)
         if st.height:
@@ -513,6 +524,20 @@ def _read_whole(p: Path, rank: int | None, exact: bool | None) -> tuple[pl.DataF
     raw_events.release()
     del raw_events, data
     return _assemble(frames, meta, unknown, rank, p)
+
+
+def _stack(frames: list[pl.DataFrame]) -> pl.DataFrame:
+    """Concatenate same-schema frames into one single-chunk frame, column by column; empties ``frames``.
+
+    A plain concat keeps every chunk, and the first expression over columns of
+    different chunk counts copies the whole frame while the chunks are still
+    alive (2x the rank). Here only one column is ever held twice.
+    """
+    cols = {}
+    for name in frames[0].columns:
+        cols[name] = pl.concat([f.drop_in_place(name) for f in frames], rechunk=True)
+    frames.clear()
+    return pl.DataFrame(cols)
 
 
 def _assemble(frames: list[pl.DataFrame], meta: dict[str, Any], unknown: dict[str, int], rank: int | None, p: Path) -> tuple[pl.DataFrame, dict[str, Any]]:
@@ -523,9 +548,9 @@ def _assemble(frames: list[pl.DataFrame], meta: dict[str, Any], unknown: dict[st
         quality.add("unknown_event_kinds", f"{p.name}: skipped events of unknown categories: "
                     + ", ".join(f"{k} ({v})" for k, v in sorted(unknown.items())), unknown=unknown)
     meta["quality"] = [q.to_json() for q in quality]
-    stage = pl.concat(frames, how="vertical_relaxed", rechunk=False) if frames else _empty_stage()
-    del frames
+    stage = _stack(frames) if frames else _empty_stage()  # empties ``frames``: the chunks go as they are copied
     df = _finish(stage, meta)
+    del stage
     if rank is not None:
         df = df.with_columns(pl.lit(rank, dtype=pl.Int32).alias("rank"))
     meta["rank"] = rank
@@ -535,7 +560,13 @@ def _assemble(frames: list[pl.DataFrame], meta: dict[str, Any], unknown: dict[st
 # ---- stage frames: one row per kept event, strings for times, typed args ----------------------
 
 _EPOCH_FRAC = re.compile(rb'"ts"\s*:\s*-?\d{13,}\.\d')
-_SHAPES = re.compile(rb'"Input (Dims|type)"')  # shapes recorded (older traces lack the record_shapes key)
+#: float µs timestamps at or above this magnitude (13+ integer digits) may carry sub-µs digits a float64 rounds
+_EPOCH_US = 1e12
+
+
+def _has_shapes(chunk: bytes | bytearray) -> bool:
+    """Shapes recorded (``Input Dims`` / ``Input type`` args; older traces lack the record_shapes key)."""
+    return b'"Input Dims"' in chunk or b'"Input type"' in chunk
 _ND_SCHEMA = {
     "ph": pl.String, "cat": pl.String, "name": pl.String, "pid": pl.String, "tid": pl.String,
     "ts": pl.String, "dur": pl.String,
@@ -591,12 +622,67 @@ _PA_PARSE = pajson.ParseOptions(explicit_schema=_PA_SCHEMA, unexpected_field_beh
 _PA_READ = pajson.ReadOptions(use_threads=False, block_size=4 << 20)  # chunks run in our own thread pool
 
 
-def _pa_read(nd: bytes) -> pl.DataFrame | None:
+def _pa_read(nd: bytes | bytearray) -> pa.Table | None:
+    """Arrow's JSON reader over newline-delimited objects, reading ``nd`` in place (no copy, no GIL)."""
     try:
-        tbl = pajson.read_json(io.BytesIO(nd), parse_options=_PA_PARSE, read_options=_PA_READ)
+        return pajson.read_json(pa.BufferReader(pa.py_buffer(nd)), parse_options=_PA_PARSE, read_options=_PA_READ)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
         return None
-    return pl.from_arrow(tbl)  # type: ignore[return-value]
+
+
+_WS = np.zeros(256, dtype=bool)
+_WS[[0x09, 0x0A, 0x0D, 0x20]] = True
+#: whitespace characters looked at between an event's ``},`` and the next ``{``
+_MAX_SEP_WS = 8
+
+
+def _separator_commas(a: np.ndarray) -> np.ndarray:
+    """Positions of the commas between the events of a ``[...]`` chunk.
+
+    A separator is ``}`` ``,`` then whitespace that holds a newline, then ``{``
+    (torch's ``},\n  {``, one event per line ``},\n{``). A JSON string never holds
+    a raw newline, so such a comma is structural; a comma between nested objects
+    would make the parse fail and the caller fall back.
+    """
+    n = a.size
+    idx = np.flatnonzero(a[:-2] == 0x7D)
+    idx = idx[a[idx + 1] == 0x2C]
+    pos = idx + 2
+    alive = np.ones(idx.size, dtype=bool)
+    newline = np.zeros(idx.size, dtype=bool)
+    found = np.zeros(idx.size, dtype=bool)
+    for _ in range(_MAX_SEP_WS + 1):
+        alive &= pos < n
+        c = a[np.minimum(pos, n - 1)]
+        found |= alive & newline & (c == 0x7B)
+        newline |= alive & (c == 0x0A)
+        alive &= _WS[c]
+        if not alive.any():
+            break
+        pos += 1
+    return idx[found] + 1
+
+
+def _parse_events(chunk: bytearray) -> pa.Table | None:
+    """Parse a ``[...]`` chunk of events as newline-delimited JSON; ``chunk`` is restored before returning.
+
+    The brackets and the separator commas are blanked in place (vectorized), so
+    Arrow reads the text where it lies; other layouts go through a regex split.
+    """
+    a = np.frombuffer(chunk, dtype=np.uint8)
+    commas = _separator_commas(a)
+    first, last = chunk[0], chunk[-1]
+    a[0] = a[-1] = 0x20
+    a[commas] = 0x0A
+    try:
+        tbl = _pa_read(chunk)
+    finally:
+        a[commas] = 0x2C
+        a[0], a[-1] = first, last
+    if tbl is None:
+        del a
+        tbl = _pa_read(_BOUNDARY.sub(b"}\n{", memoryview(chunk)[1:-1]))
+    return tbl
 
 
 def _float_us_to_ns(col: str) -> pl.Expr:
@@ -606,27 +692,22 @@ def _float_us_to_ns(col: str) -> pl.Expr:
     return ip.cast(pl.Int64) * 1000 + ((f - ip) * 1000).round(0).cast(pl.Int64)
 
 
-_SEPARATORS = (b"},\n  {", b"},\n{")
-
-
-def _fast_stage(chunk: bytes, unknown: dict[str, int]) -> pl.DataFrame | None:
+def _fast_stage(chunk: bytearray, unknown: dict[str, int]) -> pl.DataFrame | None:
     """Columnar decode of one ``[...]`` chunk (Arrow's C++ JSON reader); None -> use the exact path.
 
-    Events are split into newline-delimited objects with a plain byte replace for
-    torch's own layout (``},\n  {``) or one event per line (``},\n{``), else a
-    regex; any type surprise (a string pid, a list where a number should be)
-    returns None.
+    Any type surprise (a string pid, a list where a number should be) returns
+    None, and so do absolute-epoch float timestamps with sub-µs digits (a
+    float64 would round them). ``chunk`` is left as it was given.
     """
-    body = chunk[1:-1]
-    ev = None
-    for sep in _SEPARATORS:  # torch's layout, then one event per line; a newline never occurs inside a JSON string
-        if sep in body:
-            ev = _pa_read(body.replace(sep, b"}\n{"))
-            break
-    if ev is None:
-        ev = _pa_read(_BOUNDARY.sub(b"}\n{", body))
-    if ev is None:
+    tbl = _parse_events(chunk)
+    if tbl is None:
         return None
+    ts = tbl.column("ts")
+    lo_hi = pc.min_max(ts)
+    if max(abs(lo_hi["min"].as_py() or 0.0), abs(lo_hi["max"].as_py() or 0.0)) >= _EPOCH_US and _EPOCH_FRAC.search(chunk):
+        return None
+    ev: pl.DataFrame = pl.from_arrow(tbl)  # type: ignore[assignment]
+    del tbl
     known = list(KINETO_KINDS)
     is_x = pl.col("ph") == "X"
     lf = ev.lazy()

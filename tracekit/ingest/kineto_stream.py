@@ -10,6 +10,7 @@ whole-buffer reader, which gives the same rows or a precise error.
 
 from __future__ import annotations
 
+import itertools
 import re
 import zlib
 from pathlib import Path
@@ -70,6 +71,15 @@ def iter_text(path: Path, piece: int = 4 << 20) -> Iterator[bytes]:
             raise InputError(f"{path}: truncated or corrupt gzip ({e}); re-copy the file from the capture host") from None
 
 
+def _bracketed(buf: bytearray, cut: int) -> bytearray:
+    """``[`` + ``buf[:cut]`` + ``]`` as a new mutable buffer, in one copy."""
+    chunk = bytearray(cut + 2)
+    chunk[0], chunk[-1] = 0x5B, 0x5D
+    with memoryview(buf) as mv:
+        chunk[1:-1] = mv[:cut]
+    return chunk
+
+
 class EventStream:
     """Iterate :meth:`chunks`; afterwards ``head`` and ``tail`` hold the text around the array."""
 
@@ -84,7 +94,8 @@ class EventStream:
         """The document with an empty ``traceEvents`` array (for the top-level keys)."""
         return self.head + b'"traceEvents": []' + self.tail
 
-    def chunks(self) -> Iterator[bytes]:
+    def chunks(self) -> Iterator[bytearray]:
+        """``[...]`` chunks of whole events, each a fresh buffer the consumer may modify."""
         it = iter_text(self.path)
         buf = bytearray()
         m = None
@@ -100,14 +111,13 @@ class EventStream:
         self.head = bytes(buf[: m.start()])
         del buf[: m.end()]
         ch = self.chunk_bytes
-        for piece in it:
+        for piece in itertools.chain((b"",), it):  # first what is left of the head's piece
             buf += piece
             while len(buf) >= ch + (1 << 20):
                 hit = _BOUNDARY.search(buf, ch)
                 if hit is None:
                     break
-                cut = hit.start() + 1
-                chunk = b"[" + bytes(buf[:cut]) + b"]"
+                chunk = _bracketed(buf, hit.start() + 1)
                 del buf[: hit.end() - 1]
                 yield chunk
         rest = bytes(buf)
@@ -124,6 +134,6 @@ class EventStream:
             self.tail = tail
             body = rest[:pos].strip()
             if body:
-                yield b"[" + body + b"]"
+                yield bytearray(b"[" + body + b"]")
             return
         raise StreamFallback("end of traceEvents not found")
