@@ -269,12 +269,17 @@ class TraceWriter:
     metadata; the file appears (atomically) only then.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, force: bool = False, row_group_size: int = 1 << 20) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, force: bool = False, row_group_size: int = 1 << 20,
+                 label: str | None = None) -> None:
+        """``label``: the file errors name (default ``path``), e.g. the output a staging file becomes."""
         self._atomic = atomic_path(path, force=force)
+        self._label = label or str(path)
         self._tmp = self._atomic.__enter__()
         self._writer: pq.ParquetWriter | None = None
         self._row_group_size = row_group_size
         self.rows = 0
+        #: row groups written so far (each :meth:`write` adds ceil(rows / row_group_size))
+        self.row_groups = 0
 
     def write(self, df: pl.DataFrame | pa.Table) -> None:
         tbl = df if isinstance(df, pa.Table) else _to_arrow(df)
@@ -289,12 +294,13 @@ class TraceWriter:
         except OSError as e:
             self._io_failed(e)
         self.rows += tbl.num_rows
+        self.row_groups += -(-tbl.num_rows // self._row_group_size)
 
     def _io_failed(self, e: OSError) -> None:
         """Disk full, quota, I/O error: drop the temp file, keep any old output, one-line OutputError."""
         self.abort()
         why = e.strerror or str(e)
-        raise OutputError(f"{self._atomic.final}: cannot write ({why}); free disk space or choose another -o") from None
+        raise OutputError(f"{self._label}: cannot write ({why}); free disk space or choose another -o") from None
 
     def close(self, metadata: Mapping[str, Any] | None = None) -> None:
         meta = _base_metadata()
@@ -308,6 +314,10 @@ class TraceWriter:
             self._atomic.__exit__(None, None, None)
         except OSError as e:
             self._io_failed(e)
+
+    def discard_file(self) -> None:
+        """Remove the temp file without touching the writer (another thread may still be inside a write)."""
+        self._atomic.__exit__(RuntimeError, None, None)
 
     def abort(self) -> None:
         if self._writer is not None:

@@ -405,14 +405,18 @@ def _assign_steps(df: pl.DataFrame) -> pl.DataFrame:
     return d.with_columns(pl.coalesce("step_id", "_sid").alias("step_id")).drop(["_row", "_sid"])
 
 
-def finalize_rank(raw: pl.DataFrame, rules: RuleSet | None = None, *, sort: bool = True) -> pl.DataFrame:
+def finalize_rank(raw: pl.DataFrame | list[pl.DataFrame], rules: RuleSet | None = None, *, sort: bool = True) -> pl.DataFrame:
     """Finish one rank's raw rows (see module docstring); returns a conformed frame sorted by ts.
 
     ``sort=False`` skips the final sort (a full copy of the rank): the caller
     then orders rows itself, e.g. slice by slice with ``ts_order`` while writing.
+    ``raw`` may be handed over as a one-element list, which is emptied: then the
+    columns each step replaces are freed as it goes instead of living on in
+    the caller's frame (peak memory of a large rank).
     """
     rules = rules or default_rules()
-    df = conform(raw)
+    df = conform(raw.pop() if isinstance(raw, list) else raw)
+    del raw
     df = parse_steps(df)
     df = _launch_join(df)
     df = rules.categorize(df)

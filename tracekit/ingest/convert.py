@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import polars as pl
+import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from tracekit._errors import InputError, OutputError, QualityLog, TracekitError
@@ -27,10 +29,7 @@ from tracekit._memory import release_memory, tune_runtime
 from tracekit.categories import RuleSet, load_rules
 from tracekit.ingest.common import finalize_rank, ts_order
 from tracekit.ingest.discover import Source, discover
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.ipc as ipc
-
+from tracekit.ingest.rankwrite import COLL_KEY, COMM, PART_ROWS, emit_frame, write_rank
 from tracekit.schema import ARROW_SCHEMA, DICT_COLUMNS, TraceWriter, conform, to_arrow
 
 __all__ = ["convert", "ConvertResult", "convert_source"]
@@ -61,23 +60,19 @@ def _read(src: Source, rank: int | None) -> tuple[pl.DataFrame, dict[str, Any]]:
     return read_nsys(src.path, rank=rank)
 
 
-def convert_source(src: Source, rules_path: str | None, part_dir: str, out_label: str = "") -> list[dict[str, Any]]:
-    """Worker: read + finalize one source, write one part file per rank it holds.
+def _raw_ranks(src: Source) -> Iterator[tuple[list[pl.DataFrame], dict[str, Any]]]:
+    """Read one source and yield each rank it holds as raw rows (handed over in a one-element list) and metadata.
 
-    Returns small metadata only (one dict per rank; an nsys report can hold
-    several GPU processes, i.e. several ranks).
+    A Kineto file is one rank; an nsys report can hold several GPU processes.
     """
-    tune_runtime()
-    rules = load_rules(rules_path) if rules_path else load_rules(None)
     raw, meta = _read(src, None)
     pieces: list[tuple[pl.DataFrame, dict[str, Any]]] = [(raw, meta)]
     if src.fmt == "nsys":
         from tracekit.ingest.nsys import split_ranks
 
         pieces = split_ranks(raw, meta)
-    del raw  # each piece is dropped once finalized: one rank's raw rows at a time
-    release_memory()  # the decoded text chunks' heap pages (~70 MB per 113 MB of JSON) go back before finalize
-    out = []
+    del raw
+    release_memory()  # the decoded text chunks' heap pages go back before finalize
     pieces.reverse()
     while pieces:
         raw_r, meta_r = pieces.pop()
@@ -87,40 +82,137 @@ def convert_source(src: Source, rules_path: str | None, part_dir: str, out_label
             rank = src.rank_hint
         if rank is None:
             rank = -1  # resolved by the parent (single-file inputs become rank 0)
-        raw_r = raw_r.with_columns(pl.lit(rank, dtype=pl.Int32).alias("rank"))
-        df = finalize_rank(raw_r, rules, sort=False)  # rows are ordered slice by slice while the part is written
+        meta_r.update(rank=rank, window=src.window, source_file=str(src.path))
+        hand = [raw_r.with_columns(pl.lit(rank, dtype=pl.Int32).alias("rank"))]
         del raw_r
+        yield hand, meta_r
+
+
+def _finish_rank(hand: list[pl.DataFrame], meta: dict[str, Any], rules: RuleSet) -> pl.DataFrame:
+    """Finalize one rank's raw rows (rows unsorted; ``hand`` is emptied) and add its counts to ``meta``."""
+    df = finalize_rank(hand, rules, sort=False)  # rows are ordered slice by slice while written
+    gpu = df.filter(pl.col("kind").is_in(["kernel", "memcpy", "memset"]))
+    meta.update(
+        {
+            "rows": df.height,
+            "gpu_ops": gpu.height,
+            "cpu_device_ops": 0 if gpu.height else df.filter(pl.col("category").is_not_null()).height,
+            "first_ts_ns": int(df["ts_ns"].min()) if df.height else None,  # type: ignore[arg-type]
+            "last_end_ns": int((df["ts_ns"] + df["dur_ns"]).max()) if df.height else None,  # type: ignore[arg-type]
+            "devices": sorted({int(d) for d in gpu["device"].drop_nulls().unique().to_list()}),
+        }
+    )
+    return df
+
+
+def convert_source(src: Source, rules_path: str | None, part_dir: str, out_label: str = "") -> list[dict[str, Any]]:
+    """Worker (``--jobs N``): read + finalize one source, write one part file per rank it holds.
+
+    Returns small metadata only (one dict per rank).
+    """
+    tune_runtime()
+    rules = load_rules(rules_path) if rules_path else load_rules(None)
+    out = []
+    for hand, meta_r in _raw_ranks(src):
+        df = _finish_rank(hand, meta_r, rules)
         fd, part = tempfile.mkstemp(prefix="part.", suffix=".parquet", dir=part_dir)
         os.close(fd)
         _write_part(df, part, out_label)
-        gpu = df.filter(pl.col("kind").is_in(["kernel", "memcpy", "memset"]))
-        meta_r.update(
-            {
-                "rank": rank,
-                "part": part,
-                "rows": df.height,
-                "gpu_ops": gpu.height,
-                "cpu_device_ops": 0 if gpu.height else df.filter(pl.col("category").is_not_null()).height,
-                "first_ts_ns": int(df["ts_ns"].min()) if df.height else None,
-                "last_end_ns": int((df["ts_ns"] + df["dur_ns"]).max()) if df.height else None,
-                "devices": sorted({int(d) for d in gpu["device"].drop_nulls().unique().to_list()}),
-                "window": src.window,
-                "source_file": str(src.path),
-                **_part_summary(df, part, out_label),
-            }
-        )
+        meta_r.update(part=part, **_part_summary(df, part + ".comm.parquet", out_label))
         out.append(meta_r)
-        del df, gpu
+        del df
         release_memory()
     return out
 
 
-#: rows per row group of a part file = rows per batch streamed into the final file
-PART_ROWS = 1 << 17
-#: parts of up to this many (in-memory) bytes are uncompressed Arrow IPC, larger ones lz4 Parquet
+class _Cancelled(Exception):
+    """The conversion is being abandoned: the writer thread stops between batches."""
+
+
+class _Stager:
+    """Finalizes each rank and writes it straight into the output format, on a thread, while the
+    main thread reads the next rank.
+
+    Each rank becomes consecutive row groups of ``path`` (a Parquet file in the
+    final format); its metadata records them as ``row_groups`` so a second pass
+    can re-read them as parts when the ranks cannot stay as written (see
+    :func:`convert`). Capture-side rows are merged here when ``merge_extra``.
+
+    Memory: the thread works on one rank while the next is read only when that
+    rank is small (:data:`OVERLAP_MAX_BYTES` of raw rows); a larger rank is
+    finished before the next one is read, so memory stays one rank's.
+
+    The thread is a daemon and checks for cancellation between batches, so an
+    error or an interrupt in the main thread never waits for a whole rank.
+    """
+
+    def __init__(self, path: str, part_dir: str, out_label: str, rules: RuleSet, extra: pl.DataFrame | None, merge_extra: bool) -> None:
+        self.path, self.part_dir, self.out_label, self.rules = path, part_dir, out_label, rules
+        self.extra, self.merge_extra = extra, merge_extra
+        self.w = TraceWriter(path, force=True, label=out_label)
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._cancel = False
+        self.metas: list[dict[str, Any]] = []
+
+    def submit(self, hand: list[pl.DataFrame], meta: dict[str, Any], single_source: bool) -> None:
+        """Hand over one rank's raw rows (``hand`` is emptied); returns once the previous rank is written."""
+        self.wait()
+        r = meta["rank"] if meta["rank"] != -1 or not single_source else 0
+        ex = None
+        if self.merge_extra and self.extra is not None:
+            ex = self.extra.filter(pl.col("rank") == r)
+        big = hand[0].estimated_size() > OVERLAP_MAX_BYTES
+        self._thread = threading.Thread(target=self._run, args=([hand.pop()], meta, r, ex), name="tk-write", daemon=True)
+        self._thread.start()
+        if big:
+            self.wait()
+
+    def _run(self, hand: list[pl.DataFrame], meta: dict[str, Any], r: int, extra: pl.DataFrame | None) -> None:
+        try:
+            df = _finish_rank(hand, meta, self.rules)
+            comm_path = os.path.join(self.part_dir, f"comm.{len(self.metas)}.parquet")
+            meta.update(_part_summary(df, comm_path, self.out_label))
+            rg0 = self.w.row_groups
+            rows, lo, hi = emit_frame(self.w, r, df, extra, stop=self._stopped)
+            meta.update(part=self.path, row_groups=(rg0, self.w.row_groups), written_rank=r, written_rows=rows,
+                        written_lo=lo, written_hi=hi, extra_merged=extra is not None)
+            self.metas.append(meta)
+            del df
+            release_memory()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the main thread by wait()
+            self._error = e
+
+    def _stopped(self) -> None:
+        if self._cancel:
+            raise _Cancelled
+
+    def wait(self) -> None:
+        """Wait for the rank being written; re-raise its error here."""
+        if self._thread is not None:
+            while self._thread.is_alive():
+                self._thread.join(0.05)  # a bounded wait: a signal (Ctrl-C, SIGTERM) is handled between waits
+            self._thread = None
+        if self._error is not None:
+            e, self._error = self._error, None
+            raise e
+
+    def discard(self, grace_s: float = 5.0) -> None:
+        """Error path: stop the writer (its own error is not the one to report) and drop the staged file."""
+        self._cancel = True
+        t = self._thread
+        if t is not None:
+            t.join(grace_s)
+        if t is None or not t.is_alive():
+            self.w.abort()
+        else:  # still inside a write: leave its writer alone, only unlink the file
+            self.w.discard_file()
+
+
+#: parts of up to this many (in-memory) bytes are uncompressed Arrow IPC, larger ones lz4 Parquet (``--jobs N``)
 IPC_PART_MAX_BYTES = 512 << 20
-_COMM = pl.col("category") == "communication"
-_COLL_KEY = pl.coalesce(pl.col("pg_name").cast(pl.String), pl.lit("fam:") + pl.col("family").cast(pl.String))
+#: a rank of up to this many bytes of raw rows is finalized and written on a thread while the next rank is read
+OVERLAP_MAX_BYTES = 256 << 20
 
 
 def _part_error(e: OSError, part: str, out_label: str) -> OutputError:
@@ -151,21 +243,21 @@ def _write_part(df: pl.DataFrame, part: str, out_label: str) -> None:
         raise _part_error(e, part, out_label) from None
 
 
-def _part_summary(df: pl.DataFrame, part: str, out_label: str) -> dict[str, Any]:
+def _part_summary(df: pl.DataFrame, comm_path: str, out_label: str) -> dict[str, Any]:
     """What the parent needs from a part besides its rows: collective rows (clock alignment, a small
     Parquet file), traced steps (dedupe of capture-side step records), step-id and collective
     sequence ranges (several windows of one rank)."""
-    comm = df.filter(_COMM)
+    comm = df.filter(COMM)
     comm_part = None
     if comm.height:
-        comm_part = part + ".comm.parquet"
+        comm_part = comm_path
         try:
             comm.write_parquet(comm_part, compression="lz4")
         except OSError as e:
-            raise _part_error(e, part, out_label) from None
+            raise _part_error(e, comm_path, out_label) from None
     steps = df.filter(pl.col("kind") == "step").select("ts_ns", "step_id")
     sid = df.get_column("step_id")
-    seq = comm.filter(pl.col("coll_seq").is_not_null()).group_by(_COLL_KEY.alias("_k")).agg(
+    seq = comm.filter(pl.col("coll_seq").is_not_null()).group_by(COLL_KEY.alias("_k")).agg(
         pl.col("coll_seq").min().alias("_lo"), pl.col("coll_seq").max().alias("_hi")
     )
     return {
@@ -175,54 +267,6 @@ def _part_summary(df: pl.DataFrame, part: str, out_label: str) -> dict[str, Any]
         "step_id_any": sid.null_count() < df.height,
         "coll_seq_ranges": {k: (int(lo), int(hi)) for k, lo, hi in seq.iter_rows() if k is not None},
     }
-
-
-def _dedupe_steps(rank_df: pl.DataFrame, extra: pl.DataFrame) -> tuple[pl.DataFrame, dict[int, int]]:
-    """Drop capture-side step records that the trace itself carries as steps.
-
-    A capture-side record (forward hook JSONL, tracekit instrumentation) of a
-    forward that ran while the profiler recorded duplicates the trace's own
-    ``tk.fwd``/``step[...]`` step. The hook wraps the traced range, so a record
-    matches the traced step that starts inside it (latest record starting at or
-    before the traced start, and ending after it); traced steps left over are
-    matched to the nearest record start within half the shortest record. Matched
-    records are dropped and their ``step_id`` (the capture's global forward
-    number) is returned as a mapping for the traced step; traced steps with no
-    record get ids past the capture's largest, so ids never repeat. Unmatched
-    records stay, with ``profiled`` false when unknown: they are the unprofiled
-    step timings.
-    """
-    if extra.height == 0:
-        return extra, {}
-    is_step = pl.col("kind") == "step"
-    traced = rank_df.filter(is_step).select(pl.col("ts_ns").alias("_t"), pl.col("step_id").alias("_tsid")).sort("_t")
-    cand = extra.with_row_index("_i")
-    steps = cand.filter(is_step)
-    if steps.height == 0:
-        return extra, {}
-    mapping: dict[int, int] = {}
-    if traced.height:
-        recs = steps.select("_i", pl.col("ts_ns").alias("_rs"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("_re"), pl.col("step_id").alias("_rid")).sort("_rs")
-        m = traced.join_asof(recs, left_on="_t", right_on="_rs", strategy="backward", check_sortedness=False)
-        hit = m.filter(pl.col("_rs").is_not_null() & (pl.col("_t") <= pl.col("_re"))).unique("_i", keep="first")
-        rest = traced.filter(~pl.col("_tsid").is_in(hit.get_column("_tsid").implode()))
-        if rest.height:
-            left = recs.filter(~pl.col("_i").is_in(hit.get_column("_i").implode()))
-            tol = int(max(1, (steps["dur_ns"].min() or 1)) // 2)
-            m2 = rest.join_asof(left, left_on="_t", right_on="_rs", strategy="nearest", tolerance=tol, check_sortedness=False)
-            hit = pl.concat([hit, m2.filter(pl.col("_rs").is_not_null()).unique("_i", keep="first").select(hit.columns)])
-        cand = cand.filter(~pl.col("_i").is_in(hit.get_column("_i").implode()))
-        pairs = hit.filter(pl.col("_tsid").is_not_null() & pl.col("_rid").is_not_null()).unique("_tsid", keep="first")
-        mapping = {int(a): int(b) for a, b in zip(pairs["_tsid"].to_list(), pairs["_rid"].to_list())}
-        if mapping:
-            unmapped = [int(x) for x in traced["_tsid"].drop_nulls().to_list() if int(x) not in mapping]
-            top = max([int(x) for x in steps["step_id"].drop_nulls().to_list()] + list(mapping.values()), default=-1)
-            for k, old in enumerate(sorted(set(unmapped))):
-                mapping[old] = top + 1 + k
-    kept = cand.with_columns(
-        pl.when(is_step).then(pl.col("profiled").fill_null(False)).otherwise(pl.col("profiled")).alias("profiled")
-    ).drop("_i")
-    return kept, mapping
 
 
 def _world_meta(metas: list[dict[str, Any]], ranks: list[int], quality: QualityLog) -> dict[str, Any]:
@@ -300,6 +344,10 @@ def convert(
     quality = QualityLog()
     part_dir = tempfile.mkdtemp(prefix=".tracekit-parts-", dir=str(out.parent if str(out.parent) else "."))
     metas: list[dict[str, Any]] = []
+    extra = pl.concat([conform(e) for e in extra_frames if e is not None and e.height], how="vertical_relaxed") if any(
+        e is not None and e.height for e in extra_frames
+    ) else None
+    stager: _Stager | None = None
     try:
         n = len(sources)
         jobs = jobs or 1
@@ -318,19 +366,22 @@ def convert(
                         raise InputError(f"{futs[f].path}: conversion failed ({type(e).__name__}: {e})") from None
                     prog.step(str(futs[f].path.name))
         else:
-            # one rank at a time (its JSON decoded by a thread pool): memory of one rank.
-            # (Writing a part on a thread while the next rank parses saved ~1 s of 18 at +35 MB peak: not taken.)
-            for s in sources:
-                metas.extend(convert_source(s, rules_path, part_dir, str(out)))
+            # one rank at a time, in rank order, written in the output format on a thread while the next
+            # rank is read; the staged file becomes the output unless a second pass is needed (see below)
+            rules_set = load_rules(rules_path) if rules_path else load_rules(None)
+            windows = any(s.window is not None for s in sources)
+            stager = _Stager(os.path.join(part_dir, "stage.parquet"), part_dir, str(out), rules_set, extra, merge_extra=not windows)
+            for s in sorted(sources, key=lambda s: (s.rank_hint is None, s.rank_hint or 0, s.window or 0)):
+                for hand, meta_r in _raw_ranks(s):
+                    stager.submit(hand, meta_r, single_source=n == 1)
                 prog.step(s.path.name)
+            stager.wait()
+            metas = stager.metas
         prog.close()
         _check_empty(metas, quality)
         _resolve_ranks(metas, quality)
         _check_same_capture(metas)
         ranks = sorted({m["rank"] for m in metas})
-        extra = pl.concat([conform(e) for e in extra_frames if e is not None and e.height], how="vertical_relaxed") if any(
-            e is not None and e.height for e in extra_frames
-        ) else None
         md = _world_meta(metas, ranks, quality)
         for m in metas:
             for q in m.get("quality") or []:
@@ -344,46 +395,84 @@ def convert(
                 quality.add("no_gpu_events", "the trace has no GPU kernels, copies or memsets; analyses of GPU time will be empty")
         offsets, align_info = _align(metas, ranks, quality, align)
         _check_skew(metas, offsets, quality)
-        rows = 0
-        with TraceWriter(out, force=force) as w:
-            first, last = None, None
-            for r in ranks:
-                parts = sorted((m for m in metas if m["rank"] == r), key=lambda m: (m.get("window") or 0, m.get("first_ts_ns") or 0))
-                ex = extra.filter(pl.col("rank") == r) if extra is not None else None
-                n, lo, hi = _write_rank(w, r, parts, offsets.get(r, 0), ex)
-                rows += n
-                if lo is not None:
-                    first = lo if first is None else min(first, lo)
-                    last = hi if last is None else max(last, hi)
-                for m in parts:
-                    for f in (m["part"], m.get("comm_part")):
-                        if f:
-                            os.unlink(f)
-            if extra is not None:
-                orphan = extra.filter(~pl.col("rank").is_in(ranks))
-                if orphan.height:
-                    w.write(orphan.sort(["rank", "ts_ns"]))
-                    rows += orphan.height
-            meta: dict[str, Any] = {
-                **md,
-                "source_files": [str(s.path) for s in sources],
-                "window_ns": [first, last],
-                "clock_offsets_ns": {str(r): int(offsets.get(r, 0)) for r in ranks},
-                "clock_alignment": align_info,
-                "rules": rules_path or "default",
-            }
-            for k, v in (metadata or {}).items():
-                if k == "quality":
-                    continue
-                meta[k] = v
-            caller_q = list((metadata or {}).get("quality", []))
-            caller_codes = {q.get("code") for q in caller_q if isinstance(q, dict)}
+        meta: dict[str, Any] = {
+            **md,
+            "source_files": [str(s.path) for s in sources],
+            "clock_offsets_ns": {str(r): int(offsets.get(r, 0)) for r in ranks},
+            "clock_alignment": align_info,
+            "rules": rules_path or "default",
+        }
+        for k, v in (metadata or {}).items():
+            if k == "quality":
+                continue
+            meta[k] = v
+        caller_q = list((metadata or {}).get("quality", []))
+        caller_codes = {q.get("code") for q in caller_q if isinstance(q, dict)}
+        orphan = extra.filter(~pl.col("rank").is_in(ranks)).sort(["rank", "ts_ns"]) if extra is not None else None
+
+        def finish(w: TraceWriter, rows: int, first: int | None, last: int | None) -> int:
+            """Capture rows of ranks the trace lacks, then the footer metadata; returns the rows written."""
+            if orphan is not None and orphan.height:
+                w.write(orphan)
+                rows += orphan.height
+            meta["window_ns"] = [first, last]
             # the capture knows more about missing ranks than the file count does: keep its flag only
             meta["quality"] = [q.to_json() for q in quality if not (q.code == "missing_ranks" and "missing_ranks" in caller_codes)] + caller_q
             w.close(meta)
+            return rows
+
+        if stager is not None and _staged_as_is(metas, offsets, stager.merge_extra):
+            # the staged file is the output: ranks in order, one part each, no clock offset to apply
+            lo = [m["written_lo"] for m in metas if m["written_lo"] is not None]
+            hi = [m["written_hi"] for m in metas if m["written_hi"] is not None]
+            rows = finish(stager.w, sum(m["written_rows"] for m in metas), min(lo, default=None), max(hi, default=None))
+            stager = None
+            _publish(os.path.join(part_dir, "stage.parquet"), out, force)
+        else:
+            if stager is not None:  # second pass over the staged rows: close the staged file to read it back
+                stager.w.close({})
+                stager = None
+            rows = 0
+            first, last = None, None
+            with TraceWriter(out, force=force) as w:
+                for r in ranks:
+                    parts = sorted((m for m in metas if m["rank"] == r), key=lambda m: (m.get("window") or 0, m.get("first_ts_ns") or 0))
+                    merged = any(m.get("extra_merged") for m in parts)
+                    ex = extra.filter(pl.col("rank") == r) if extra is not None and not merged else None
+                    nr, lo_r, hi_r = write_rank(w, r, parts, offsets.get(r, 0), ex)
+                    rows += nr
+                    if lo_r is not None:
+                        first = lo_r if first is None else min(first, lo_r)
+                        last = hi_r if last is None else max(last, hi_r)
+                    for m in parts:
+                        for f in (m["part"] if "row_groups" not in m else None, m.get("comm_part")):
+                            if f:
+                                os.unlink(f)
+                rows = finish(w, rows, first, last)
     finally:
+        if stager is not None:
+            stager.discard()
         shutil.rmtree(part_dir, ignore_errors=True)
     return ConvertResult(out, ranks, rows, time.perf_counter() - t0, in_bytes, meta, meta["quality"])
+
+
+def _staged_as_is(metas: list[dict[str, Any]], offsets: dict[int, int], merged_extra: bool) -> bool:
+    """Whether the staged file can be the output unchanged: each rank written once, in increasing
+    rank order, under its final rank number, with no clock offset to apply and capture rows merged."""
+    if not merged_extra or any(offsets.values()):
+        return False
+    written = [m["written_rank"] for m in metas]
+    return all(m["written_rank"] == m["rank"] for m in metas) and all(a < b for a, b in zip(written, written[1:]))
+
+
+def _publish(staged: str, out: Path, force: bool) -> None:
+    """Move the finished staged file to ``out`` (same directory tree: an atomic rename)."""
+    if out.exists() and not force:
+        raise OutputError(f"{out}: exists; pass --force to overwrite")
+    try:
+        os.replace(staged, out)
+    except OSError as e:
+        raise OutputError(f"{out}: cannot write ({e.strerror or e}); free disk space or choose another -o") from None
 
 
 #: First events of two ranks further apart than this: files of different captures (refused).
@@ -511,174 +600,6 @@ def _resolve_ranks(metas: list[dict[str, Any]], quality: QualityLog) -> None:
 
 def _set_rank(m: dict[str, Any], rank: int) -> None:
     m["rank"] = rank  # the part's rank column is replaced while it is streamed into the output
-
-
-# ---- final write: parts -> output, one rank at a time, in bounded batches -----------------------
-
-
-def _write_rank(w: TraceWriter, r: int, parts: list[dict[str, Any]], offset: int, extra: pl.DataFrame | None) -> tuple[int, int | None, int | None]:
-    """Stream rank ``r``'s parts into ``w``; returns (rows, first ts, last end) after the clock offset.
-
-    Per part: window shifts of step ids / collective sequence numbers (several
-    profiler windows, see :func:`_window_shifts`), the rank column, the clock
-    offset. Capture-side rows (``extra``) lose the steps the trace carries
-    (:func:`_dedupe_steps`) and are merged in time order. Memory: one batch of
-    :data:`PART_ROWS` rows (plus the extra rows), never the whole rank — unless
-    windows overlap in time, when the rank is sorted in memory.
-    """
-    shifts = _window_shifts(parts)
-    sid_map: dict[int, int] = {}
-    if extra is not None and extra.height:
-        traced = pl.concat([
-            _shifted(pl.DataFrame(m["steps"], schema={"ts_ns": pl.Int64, "step_id": pl.Int64}).with_columns(pl.lit("step").alias("kind")), sh)
-            for m, sh in zip(parts, shifts)
-        ], how="vertical_relaxed")
-        extra, sid_map = _dedupe_steps(traced, extra)
-        extra = conform(extra).sort("ts_ns", maintain_order=True) if extra.height else None
-    else:
-        extra = None
-    disjoint = all((parts[i].get("last_end_ns") or 0) <= (parts[i + 1].get("first_ts_ns") or 0) for i in range(len(parts) - 1))
-    if disjoint:
-        batches = (_transform(b, sh, sid_map) for m, sh in zip(parts, shifts) for b in _part_batches(m["part"]))
-    else:
-        whole = pl.concat([_transform_df(pl.from_arrow(_read_part(m["part"])), sh, sid_map) for m, sh in zip(parts, shifts)],  # type: ignore[arg-type]
-                          how="vertical_relaxed")
-        batches = (pa.Table.from_batches([b]) for b in to_arrow(whole.sort("ts_ns", maintain_order=True)).to_batches(PART_ROWS))
-    rows, lo, hi = 0, None, None
-    for tbl in _merge_extra(batches, extra):
-        tbl = _finish_batch(tbl, r, offset)
-        if not tbl.num_rows:
-            continue
-        w.write(tbl)
-        rows += tbl.num_rows
-        ts = tbl.column("ts_ns")
-        b_lo = pc.min(ts).as_py()
-        b_hi = pc.max(pc.add(ts, tbl.column("dur_ns"))).as_py()
-        lo = b_lo if lo is None else min(lo, b_lo)
-        hi = b_hi if hi is None else max(hi, b_hi)
-    return rows, lo, hi
-
-
-def _is_ipc(part: str) -> bool:
-    with open(part, "rb") as f:
-        return f.read(4) != b"PAR1"
-
-
-def _part_batches(part: str) -> Iterator[pa.Table]:
-    if _is_ipc(part):
-        with ipc.open_stream(part) as r:
-            for b in r:
-                yield pa.Table.from_batches([b])
-        return
-    f = pq.ParquetFile(part)
-    for i in range(f.num_row_groups):
-        yield f.read_row_group(i)
-
-
-def _read_part(part: str) -> pa.Table:
-    if _is_ipc(part):
-        with ipc.open_stream(part) as r:
-            return r.read_all()
-    return pq.read_table(part)
-
-
-def _window_shifts(parts: list[dict[str, Any]]) -> list[tuple[int, dict[str, int]]]:
-    """Per part (window of one rank): (step-id shift, {collective key: seq shift}).
-
-    Several profiler windows of one rank: keep step ids and collective sequence numbers unique.
-    Each window was finalized on its own, so both restart at 0. Windows are
-    barrier-aligned across ranks (same steps everywhere), so shifting each
-    window past the previous one's maximum, per process group, keeps
-    instances matchable across ranks. (Recorded ``Seq`` values never
-    overlap and are left alone.)
-    """
-    if len(parts) < 2:
-        return [(0, {})] * len(parts)
-    out, base = [], 0
-    seq_max: dict[str, int] = {}
-    for m in parts:
-        mx = m.get("step_id_max")
-        step_add = base if (base and m.get("step_id_any")) else 0
-        base = (int(mx) + step_add + 1) if mx is not None else base
-        shift: dict[str, int] = {}
-        for k, (lo_s, hi_s) in (m.get("coll_seq_ranges") or {}).items():
-            prev = seq_max.get(k)
-            add = (prev + 1 - lo_s) if prev is not None and lo_s <= prev else 0
-            shift[k] = add
-            seq_max[k] = hi_s + add
-        out.append((step_add, {k: v for k, v in shift.items() if v}))
-    return out
-
-
-def _shifted(df: pl.DataFrame, sh: tuple[int, dict[str, int]]) -> pl.DataFrame:
-    return df.with_columns(pl.col("step_id") + sh[0]) if sh[0] else df
-
-
-def _transform_df(df: pl.DataFrame, sh: tuple[int, dict[str, int]], sid_map: dict[int, int]) -> pl.DataFrame:
-    step_add, seq_shift = sh
-    if step_add:
-        df = df.with_columns(pl.col("step_id") + step_add)
-    if seq_shift:
-        df = df.with_columns(
-            pl.when(_COMM & pl.col("coll_seq").is_not_null())
-            .then(pl.col("coll_seq") + _COLL_KEY.replace_strict(seq_shift, default=0, return_dtype=pl.Int64))
-            .otherwise(pl.col("coll_seq"))
-            .alias("coll_seq")
-        )
-    if sid_map:
-        df = df.with_columns(pl.col("step_id").replace(sid_map))
-    return df
-
-
-def _transform(tbl: pa.Table, sh: tuple[int, dict[str, int]], sid_map: dict[int, int]) -> pa.Table:
-    if not sh[0] and not sh[1] and not sid_map:
-        return tbl
-    return to_arrow(_transform_df(pl.from_arrow(tbl), sh, sid_map))  # type: ignore[arg-type]
-
-
-def _merge_extra(batches: Iterator[pa.Table], extra: pl.DataFrame | None) -> Iterator[pa.Table]:
-    """Interleave sorted ``extra`` rows with sorted batches (ties: trace rows first, as a stable sort would)."""
-    if extra is None or not extra.height:
-        yield from batches
-        return
-    ets = extra.get_column("ts_ns")
-    pos, prev = 0, None
-
-    def combine(t: pa.Table, e: pl.DataFrame) -> pa.Table:
-        if not e.height:
-            return t
-        both = pl.concat([pl.from_arrow(t), conform(e)], how="vertical_relaxed")  # type: ignore[list-item]
-        return to_arrow(both.sort("ts_ns", maintain_order=True))
-
-    for b in batches:
-        if not b.num_rows:
-            continue
-        if prev is not None:
-            k = int(ets.search_sorted(b.column("ts_ns")[0].as_py(), side="left"))
-            yield combine(prev, extra[pos:k])
-            pos = max(pos, k)
-        prev = b
-    if prev is not None:
-        yield combine(prev, extra[pos:])
-    elif pos < extra.height:
-        yield to_arrow(extra[pos:])
-
-
-def _finish_batch(tbl: pa.Table, r: int, offset: int) -> pa.Table:
-    """Set the rank column and apply the clock offset (Arrow compute, no conversion)."""
-    i = tbl.schema.get_field_index("rank")
-    tbl = tbl.set_column(i, ARROW_SCHEMA.field("rank"), _const(r, tbl.num_rows))
-    if offset:
-        for name in ("ts_ns", "launch_ts_ns"):
-            j = tbl.schema.get_field_index(name)
-            tbl = tbl.set_column(j, ARROW_SCHEMA.field(name), pc.add(tbl.column(j), pa.scalar(offset, pa.int64())))
-    return tbl
-
-
-def _const(v: int, n: int) -> pa.Array:
-    import numpy as np
-
-    return pa.array(np.full(n, v, dtype=np.int32))
 
 
 class _Progress:

@@ -18,6 +18,13 @@ from typing import Iterator
 
 import msgspec
 
+try:  # Intel ISA-L inflate: ~5x zlib's speed, same API and results (PyPI ``isal``)
+    from isal import isal_zlib as _inflate
+except ImportError:  # pragma: no cover - platforms without an isal wheel
+    _inflate = zlib  # type: ignore[assignment]
+#: errors of either inflater
+_INFLATE_ERRORS: tuple[type[BaseException], ...] = (zlib.error, getattr(_inflate, "error", zlib.error))
+
 from tracekit._errors import InputError
 
 __all__ = ["StreamFallback", "EventStream", "iter_text"]
@@ -47,7 +54,7 @@ def iter_text(path: Path, piece: int = 4 << 20) -> Iterator[bytes]:
                 if not b:
                     return
                 yield b
-        d = zlib.decompressobj(31)
+        d = _inflate.decompressobj(31)
         try:
             while True:
                 comp = f.read(1 << 20)
@@ -63,11 +70,11 @@ def iter_text(path: Path, piece: int = 4 << 20) -> Iterator[bytes]:
                     yield out
                 while d.eof and d.unused_data:  # concatenated gzip members
                     rest = d.unused_data
-                    d = zlib.decompressobj(31)
+                    d = _inflate.decompressobj(31)
                     out = d.decompress(rest)
                     if out:
                         yield out
-        except zlib.error as e:
+        except _INFLATE_ERRORS as e:
             raise InputError(f"{path}: truncated or corrupt gzip ({e}); re-copy the file from the capture host") from None
 
 
