@@ -15,8 +15,11 @@ def test_polars_allocator_default_is_set_before_polars_loads(monkeypatch) -> Non
     import os
 
     env = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
+    from tracekit._memory import POLARS_JEMALLOC_CONF
+
     conf = _env_after_import(env)
-    assert conf.startswith("dirty_decay_ms:50,muzzy_decay_ms:0,narenas:")
+    assert POLARS_JEMALLOC_CONF == "dirty_decay_ms:1000,muzzy_decay_ms:0"
+    assert conf.startswith(POLARS_JEMALLOC_CONF + ",narenas:")
     assert int(conf.rsplit(":", 1)[1]) >= 1
 
 

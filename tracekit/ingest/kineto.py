@@ -419,7 +419,7 @@ def _stage_chunk(chunk: bytes | bytearray, p: Path, exact: bool | None) -> tuple
     A ``bytearray`` chunk is modified while it is parsed and restored afterwards.
     """
     unknown: dict[str, int] = {}
-    st = None if exact or _has_shapes(chunk) else _fast_stage(chunk if isinstance(chunk, bytearray) else bytearray(chunk), unknown)
+    st = None if exact else _fast_stage(chunk if isinstance(chunk, bytearray) else bytearray(chunk), unknown)
     if st is None:
         try:
             st = _exact_stage(chunk, p, unknown)
@@ -516,7 +516,7 @@ def _read_whole(p: Path, rank: int | None, exact: bool | None) -> tuple[pl.DataF
     unknown: dict[str, int] = {}
     frames: list[pl.DataFrame] = []
     for chunk in _chunks(raw_events):
-        st = None if exact or _has_shapes(chunk) else _fast_stage(bytearray(chunk), unknown)
+        st = None if exact else _fast_stage(bytearray(chunk), unknown)
         if st is None:
             st = _exact_stage(chunk, p, unknown)
         if st.height:
@@ -564,9 +564,9 @@ _EPOCH_FRAC = re.compile(rb'"ts"\s*:\s*-?\d{13,}\.\d')
 _EPOCH_US = 1e12
 
 
-def _has_shapes(chunk: bytes | bytearray) -> bool:
-    """Shapes recorded (``Input Dims`` / ``Input type`` args; older traces lack the record_shapes key)."""
-    return b'"Input ' in chunk  # "Input Dims", "Input type": one scan
+class _ShapesRecorded(Exception):
+    """A chunk holds ``Input Dims`` / ``Input type`` args (shapes recorded; older traces lack the
+    record_shapes key): only the exact decoder keeps them."""
 _ND_SCHEMA = {
     "ph": pl.String, "cat": pl.String, "name": pl.String, "pid": pl.String, "tid": pl.String,
     "ts": pl.String, "dur": pl.String,
@@ -609,6 +609,8 @@ _PA_ARGS = pa.struct([
     ("Collective name", pa.string()), ("In msg nelems", pa.int64()), ("Out msg nelems", pa.int64()),
     ("Group size", pa.int64()), ("dtype", pa.string()), ("Process Group Name", pa.string()),
     ("Process Group Description", pa.string()), ("Process Group Ranks", pa.string()), ("Seq", pa.int64()),
+    # typed null: any value fails the parse with a message naming the field (-> _ShapesRecorded); free otherwise
+    ("Input Dims", pa.null()), ("Input type", pa.null()),
 ])
 _PA_SCHEMA = pa.schema([
     ("ph", pa.string()), ("cat", pa.string()), ("name", pa.string()), ("pid", pa.int64()), ("tid", pa.int64()),
@@ -627,7 +629,9 @@ def _pa_read(nd: bytes | bytearray) -> pa.Table | None:
     """Arrow's JSON reader over newline-delimited objects, reading ``nd`` in place (no copy, no GIL)."""
     try:
         return pajson.read_json(pa.BufferReader(pa.py_buffer(nd)), parse_options=_PA_PARSE, read_options=_PA_READ)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+        if "/args/Input " in str(e):
+            raise _ShapesRecorded from None
         return None
 
 
@@ -700,7 +704,10 @@ def _fast_stage(chunk: bytearray, unknown: dict[str, int]) -> pl.DataFrame | Non
     None, and so do absolute-epoch float timestamps with sub-µs digits (a
     float64 would round them). ``chunk`` is left as it was given.
     """
-    tbl = _parse_events(chunk)
+    try:
+        tbl = _parse_events(chunk)
+    except _ShapesRecorded:
+        return None
     if tbl is None:
         return None
     ts = tbl.column("ts")
