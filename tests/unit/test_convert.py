@@ -176,23 +176,33 @@ def test_footer_metadata(tmp_path: Path) -> None:
 
 
 @needs_traces
-@pytest.mark.parametrize("jobs", [1, 2])
-def test_part_formats_and_job_counts_give_the_same_file(tmp_path: Path, monkeypatch, jobs: int) -> None:
-    """Large ranks go through lz4 Parquet parts, small ones through Arrow IPC; worker processes or not:
-    the output rows are identical, sorted by (rank, ts_ns), clock offsets and all."""
+@pytest.mark.parametrize("way", ["second-pass", "no-overlap", "jobs-2-parquet-parts", "jobs-2"])
+def test_write_paths_give_the_same_file(tmp_path: Path, monkeypatch, way: str) -> None:
+    """The staged file renamed into place (the default), a second pass over it (clock offsets, windows,
+    rank order), ranks written without overlapping the next read, and worker processes writing Arrow
+    IPC or lz4 Parquet parts: the output rows are identical, sorted by (rank, ts_ns), clock offsets and all."""
     import tracekit.ingest.convert as conv
 
     src = HTA / "trace_filter"
-    ref = convert([src], tmp_path / "ipc.parquet", jobs=1)
-    monkeypatch.setattr(conv, "IPC_PART_MAX_BYTES", 0)
-    monkeypatch.setattr(conv, "_PARALLEL_MIN_BYTES", 0)
-    other = convert([src], tmp_path / "pq.parquet", jobs=jobs)
+    ref = convert([src], tmp_path / "ref.parquet", jobs=1)
+    jobs = 1
+    if way == "second-pass":
+        monkeypatch.setattr(conv, "_staged_as_is", lambda *a: False)
+    elif way == "no-overlap":
+        monkeypatch.setattr(conv, "OVERLAP_MAX_BYTES", 0)
+    else:
+        monkeypatch.setattr(conv, "_PARALLEL_MIN_BYTES", 0)
+        jobs = 2
+        if way == "jobs-2-parquet-parts":
+            monkeypatch.setattr(conv, "IPC_PART_MAX_BYTES", 0)
+    other = convert([src], tmp_path / "other.parquet", jobs=jobs)
     a, ma = read_trace(ref.out)
     b, mb = read_trace(other.out)
     assert a.height > 1000 and a.get_column("rank").unique().sort().to_list() == [0, 1]
     assert_frame_equal(a, b)
-    assert ma["clock_offsets_ns"] == mb["clock_offsets_ns"]
+    assert ma["clock_offsets_ns"] == mb["clock_offsets_ns"] and ma["window_ns"] == mb["window_ns"]
     assert a.equals(a.sort(["rank", "ts_ns"], maintain_order=True))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.parquet", "ref.parquet"]  # no parts left behind
 
 
 def _window_doc(t0_us: int, n: int) -> dict:
@@ -219,3 +229,22 @@ def test_windows_of_one_rank_merge_in_time_order(tmp_path: Path, gap_us: int) ->
     assert steps.get_column("step_id").to_list() == [0, 1]
     k = df.filter(pl.col("kind") == "kernel")
     assert k.group_by("step_id").len().sort("step_id").get_column("len").to_list() == [20, 20]
+
+
+def test_ranks_out_of_file_order_are_rewritten_in_rank_order(tmp_path: Path, monkeypatch) -> None:
+    """File names say one rank, distributedInfo another: ranks reach the staged file as 1, 0, so the
+    output is written by a second pass; rows still come sorted by (rank, ts_ns), each rank once."""
+    import tracekit.ingest.convert as conv
+
+    as_is: list[bool] = []
+    real = conv._staged_as_is
+    monkeypatch.setattr(conv, "_staged_as_is", lambda *a: as_is.append(real(*a)) or as_is[-1])
+    a = write_doc(tmp_path / "rank0.json", doc([runtime("cudaLaunchKernel", 1, 1, corr=1), kernel("ka", 5, 2, corr=1)], rank=1))
+    b = write_doc(tmp_path / "rank1.json", doc([runtime("cudaLaunchKernel", 2, 1, corr=1), kernel("kb", 6, 2, corr=1)], rank=0))
+    res = convert([a, b], tmp_path / "o.parquet")
+    df, meta = read_trace(res.out)
+    assert df.get_column("rank").to_list() == [0, 0, 1, 1]
+    assert df.filter(pl.col("kind") == "kernel").get_column("name").cast(pl.String).to_list() == ["kb", "ka"]
+    assert [r["rank"] for r in meta["ranks"]] == [0, 1]
+    assert as_is == [False]  # the second pass ran
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o.parquet", "rank0.json", "rank1.json"]

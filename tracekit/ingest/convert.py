@@ -153,6 +153,7 @@ class _Stager:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._cancel = False
+        self._summarized = threading.Event()  # the rank being written has its metadata (rows still being written)
         self.metas: list[dict[str, Any]] = []
 
     def submit(self, hand: list[pl.DataFrame], meta: dict[str, Any], single_source: bool) -> None:
@@ -163,6 +164,7 @@ class _Stager:
         if self.merge_extra and self.extra is not None:
             ex = self.extra.filter(pl.col("rank") == r)
         big = hand[0].estimated_size() > OVERLAP_MAX_BYTES
+        self._summarized.clear()
         self._thread = threading.Thread(target=self._run, args=([hand.pop()], meta, r, ex), name="tk-write", daemon=True)
         self._thread.start()
         if big:
@@ -172,20 +174,29 @@ class _Stager:
         try:
             df = _finish_rank(hand, meta, self.rules)
             comm_path = os.path.join(self.part_dir, f"comm.{len(self.metas)}.parquet")
-            meta.update(_part_summary(df, comm_path, self.out_label))
+            meta.update(_part_summary(df, comm_path, self.out_label), part=self.path, written_rank=r, extra_merged=extra is not None)
+            self.metas.append(meta)
+            self._summarized.set()  # the main thread may align clocks while the rows are written
             rg0 = self.w.row_groups
             rows, lo, hi = emit_frame(self.w, r, df, extra, stop=self._stopped)
-            meta.update(part=self.path, row_groups=(rg0, self.w.row_groups), written_rank=r, written_rows=rows,
-                        written_lo=lo, written_hi=hi, extra_merged=extra is not None)
-            self.metas.append(meta)
+            meta.update(row_groups=(rg0, self.w.row_groups), written_rows=rows, written_lo=lo, written_hi=hi)
             del df
             release_memory()
         except BaseException as e:  # noqa: BLE001 - re-raised in the main thread by wait()
             self._error = e
+        finally:
+            self._summarized.set()
 
     def _stopped(self) -> None:
         if self._cancel:
             raise _Cancelled
+
+    def wait_summary(self) -> None:
+        """Wait until the rank being written has its metadata in :attr:`metas` (or failed)."""
+        while self._thread is not None and not self._summarized.wait(0.05):
+            pass
+        if self._error is not None:
+            self.wait()
 
     def wait(self) -> None:
         """Wait for the rank being written; re-raise its error here."""
@@ -375,7 +386,7 @@ def convert(
                 for hand, meta_r in _raw_ranks(s):
                     stager.submit(hand, meta_r, single_source=n == 1)
                 prog.step(s.path.name)
-            stager.wait()
+            stager.wait_summary()  # the last rank's rows are still being written while clocks are aligned
             metas = stager.metas
         prog.close()
         _check_empty(metas, quality)
@@ -421,6 +432,8 @@ def convert(
             w.close(meta)
             return rows
 
+        if stager is not None:
+            stager.wait()
         if stager is not None and _staged_as_is(metas, offsets, stager.merge_extra):
             # the staged file is the output: ranks in order, one part each, no clock offset to apply
             lo = [m["written_lo"] for m in metas if m["written_lo"] is not None]
