@@ -258,12 +258,14 @@ def _part_summary(df: pl.DataFrame, comm_path: str, out_label: str) -> dict[str,
     """What the parent needs from a part besides its rows: collective rows (clock alignment, a small
     Parquet file), traced steps (dedupe of capture-side step records), step-id and collective
     sequence ranges (several windows of one rank)."""
+    from tracekit.analysis.window import SMALL_COLUMNS
+
     comm = df.filter(COMM)
     comm_part = None
     if comm.height:
         comm_part = comm_path
-        try:
-            comm.write_parquet(comm_part, compression="lz4")
+        try:  # only what matching and clock alignment read (20 of 49 columns: all ranks' rows are loaded at once)
+            comm.select(SMALL_COLUMNS).write_parquet(comm_part, compression="lz4")
         except OSError as e:
             raise _part_error(e, comm_path, out_label) from None
     steps = df.filter(pl.col("kind") == "step").select("ts_ns", "step_id")

@@ -30,7 +30,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
-from msgspec.structs import astuple
 import polars as pl
 
 from tracekit._errors import InputError, QualityLog
