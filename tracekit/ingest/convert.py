@@ -1,11 +1,16 @@
 """Convert trace sources (Kineto JSON, nsys exports) of one capture into ``trace.parquet``.
 
-Per source (a rank, or a window of a rank) a worker reads and finalizes the
-rows and writes them to a temporary Parquet part; the parent then streams
-rank by rank into the final file, merging capture-side rows (step records,
-telemetry) and clock offsets. Memory is bounded by the largest rank; workers
-never pickle frames back. The output appears atomically, and an existing
-file is refused without ``force``.
+Default (``jobs=1``): sources are read one at a time in rank order (each
+file's JSON decoded by a thread pool); a writer thread finalizes each rank and
+writes its rows, sorted by time, straight into a staged file in the final
+format while the main thread reads the next rank (:class:`_Stager`). After the
+last rank, clocks are aligned from the collective rows of all ranks; the
+staged file is then renamed into place, or — when a clock offset must be
+applied, a rank has several profiler windows, or ranks arrived out of order —
+re-read rank by rank into the output (:func:`tracekit.ingest.rankwrite.write_rank`).
+``jobs=N``: N worker processes write one temporary part per rank, followed by
+the same second pass. Memory is bounded by the largest rank; the output
+appears atomically, and an existing file is refused without ``force``.
 """
 
 from __future__ import annotations
