@@ -37,16 +37,19 @@ def emit_frame(w: TraceWriter, r: int, df: pl.DataFrame, extra: pl.DataFrame | N
     Memory: one batch besides ``df`` — the sort is an index, never a second copy of the rank.
     ``stop`` is called before each batch (it raises to abandon the write).
     """
-    sid_map: dict[int, int] = {}
-    if extra is not None and extra.height:
-        traced = df.filter(pl.col("kind") == "step").select("ts_ns", "step_id", "kind")
-        extra, sid_map = dedupe_steps(traced, extra)
-        extra = conform(extra).sort("ts_ns", maintain_order=True) if extra.height else None
-    else:
-        extra = None
+    extra, sid_map = _extra_rows(lambda: df.filter(pl.col("kind") == "step").select("ts_ns", "step_id", "kind"), extra)
     order = ts_order(df)
     batches = (_transform(to_arrow(df[order.slice(off, PART_ROWS)]), (0, {}), sid_map) for off in range(0, df.height, PART_ROWS))
     return _emit(w, r, batches, 0, extra, stop)
+
+
+def _extra_rows(traced: Callable[[], pl.DataFrame], extra: pl.DataFrame | None) -> tuple[pl.DataFrame | None, dict[int, int]]:
+    """Capture-side rows to merge (sorted by ts, minus the steps the trace carries) and the traced steps'
+    new ids (:func:`dedupe_steps`); ``traced`` gives the rank's traced step rows, built only when needed."""
+    if extra is None or not extra.height:
+        return None, {}
+    extra, sid_map = dedupe_steps(traced(), extra)
+    return (conform(extra).sort("ts_ns", maintain_order=True) if extra.height else None), sid_map
 
 
 def _emit(w: TraceWriter, r: int, batches: Iterator[pa.Table], offset: int, extra: pl.DataFrame | None,
@@ -127,16 +130,10 @@ def write_rank(w: TraceWriter, r: int, parts: list[dict[str, Any]], offset: int,
     windows overlap in time, when the rank is sorted in memory.
     """
     shifts = window_shifts(parts)
-    sid_map: dict[int, int] = {}
-    if extra is not None and extra.height:
-        traced = pl.concat([
-            _shifted(pl.DataFrame(m["steps"], schema={"ts_ns": pl.Int64, "step_id": pl.Int64}).with_columns(pl.lit("step").alias("kind")), sh)
-            for m, sh in zip(parts, shifts)
-        ], how="vertical_relaxed")
-        extra, sid_map = dedupe_steps(traced, extra)
-        extra = conform(extra).sort("ts_ns", maintain_order=True) if extra.height else None
-    else:
-        extra = None
+    extra, sid_map = _extra_rows(lambda: pl.concat([
+        _shifted(pl.DataFrame(m["steps"], schema={"ts_ns": pl.Int64, "step_id": pl.Int64}).with_columns(pl.lit("step").alias("kind")), sh)
+        for m, sh in zip(parts, shifts)
+    ], how="vertical_relaxed"), extra)
     disjoint = all((parts[i].get("last_end_ns") or 0) <= (parts[i + 1].get("first_ts_ns") or 0) for i in range(len(parts) - 1))
     if disjoint:
         batches = (_transform(b, sh, sid_map) for m, sh in zip(parts, shifts) for b in _part_batches(m))
