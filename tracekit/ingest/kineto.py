@@ -5,12 +5,15 @@ rows follow :mod:`tracekit.schema` but are not yet finalized (no launch join,
 no categories, no collective sequence numbers; see
 :func:`tracekit.ingest.common.finalize_rank`).
 
-Speed and memory: the document is decoded with msgspec into typed structs,
-the ``traceEvents`` array in chunks of ~16 MB (boundaries found by a regex and
-verified by the decoder), so peak memory is the decompressed text plus one
-chunk of structs plus compact columns. Timestamps keep sub-µs precision:
-float literals arrive as strings and are split into integer and fraction
-vectorized.
+Speed and memory: the text is inflated piece by piece (ISA-L) and cut into ~4 MB
+chunks of whole events (:mod:`tracekit.ingest.kineto_stream`); a thread pool
+blanks the commas between events in place and parses each chunk with Arrow's
+JSON reader, then polars turns it into typed stage columns. Decoded chunks are
+stacked column by column, so memory is the rank's columns plus a few chunks.
+Other event layouts are split by a regex first; chunks Arrow still cannot take
+(type surprises, recorded shapes, absolute-epoch float timestamps whose sub-µs
+digits a float64 would round) go to an exact msgspec decoder that keeps
+timestamps as decimal text.
 """
 
 from __future__ import annotations
@@ -398,8 +401,8 @@ def read_kineto(path: str | Path, rank: int | None = None, *, exact: bool | None
     :class:`InputError` for unreadable or non-trace input; unknown event
     categories become a ``quality`` note in the returned metadata.
 
-    Two decoders give identical rows: a fast columnar one (polars NDJSON over
-    each chunk) and an exact one (msgspec structs, timestamps as decimal text).
+    Two decoders give identical rows: a fast columnar one (Arrow's JSON reader
+    over each chunk) and an exact one (msgspec structs, timestamps as decimal text).
     The exact one runs when ``exact`` is true, when shapes were recorded, or
     when a chunk holds absolute-epoch float timestamps whose sub-µs digits a
     float64 would round.
