@@ -139,8 +139,12 @@ def covered_by(
     start: str = "start",
     end: str = "end",
     payload: Sequence[str] = (),
+    keep_order: bool = True,
 ) -> pl.DataFrame:
     """For each point, the innermost (latest-starting) interval containing it.
+
+    ``keep_order=False`` returns the points in no particular order (callers
+    that attach the result by a row key skip a sort of every point).
 
     Adds ``payload`` columns of the matching interval (null when none contains
     the point). Exact for properly nested intervals (CPU ranges of one
@@ -160,7 +164,7 @@ def covered_by(
                       how="vertical_relaxed")
         inside = pl.col(at) < pl.col("_e")
     j = j.with_columns([pl.when(inside).then(pl.col(p)).otherwise(None).alias(p) for p in payload])
-    return j.sort("_i").drop(["_i", "_s", "_e"])
+    return (j.sort("_i") if keep_order else j).drop(["_i", "_s", "_e"])
 
 
 def _enclosing(pts: pl.DataFrame, iv: pl.DataFrame, keys: list[str], at: str) -> pl.DataFrame:

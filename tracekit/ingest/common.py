@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from tracekit._frames import NAME_CODE, attach, distinct_names
+from tracekit._frames import NAME_CODE, aligned, attach, attach_rows, distinct_names, row_index
 from tracekit.analysis.intervals import covered_by
 from tracekit.categories import RuleSet, default_rules
 from tracekit.schema import conform
@@ -92,7 +92,8 @@ def parse_steps(df: pl.DataFrame) -> pl.DataFrame:
     if not numbered:  # steps numbered in time order, computed on the step rows only
         idx = out.select(pl.arg_where(is_step)).to_series()
         order = (out.get_column("ts_ns").gather(idx).rank("ordinal") - 1).cast(pl.Int64)
-        out = out.with_columns(out.get_column("step_id").cast(pl.Int64).clone().scatter(idx, order).alias("step_id"))
+        sid = out.get_column("step_id").cast(pl.Int64).clone().scatter(idx, order).alias("step_id")
+        out = out.drop("step_id").hstack(aligned(out, [sid]))
     return conform(out)
 
 
@@ -104,7 +105,7 @@ def _launch_join(df: pl.DataFrame) -> pl.DataFrame:
             pl.col("ts_ns").alias("_lts"),
             pl.col("dur_ns").alias("_ldur"),
             pl.col("tid").alias("_ltid"),
-            pl.col("name").cast(pl.String).alias("_lname"),
+            pl.col("name").alias("_lname"),
         )
         .unique("correlation", keep="first", maintain_order=True)
         .collect()
@@ -117,11 +118,8 @@ def _launch_join(df: pl.DataFrame) -> pl.DataFrame:
         pl.when(is_gpu).then(pl.coalesce("launch_ts_ns", "_lts")).otherwise(pl.col("launch_ts_ns")).alias("launch_ts_ns"),
         pl.when(is_gpu).then(pl.coalesce("launch_dur_ns", "_ldur")).otherwise(pl.col("launch_dur_ns")).alias("launch_dur_ns"),
         pl.when(is_gpu).then(pl.coalesce("launch_tid", "_ltid")).otherwise(pl.col("launch_tid")).alias("launch_tid"),
-        pl.when(is_gpu)
-        .then(pl.coalesce(pl.col("launch_name").cast(pl.String), pl.col("_lname")))
-        .otherwise(pl.col("launch_name").cast(pl.String))
-        .cast(pl.Categorical)
-        .alias("launch_name"),
+        # categorical throughout: no text column the length of the rank
+        pl.when(is_gpu).then(pl.coalesce("launch_name", "_lname")).otherwise(pl.col("launch_name")).alias("launch_name"),
     ).drop(["_lts", "_ldur", "_ltid", "_lname"])
 
 
@@ -185,7 +183,7 @@ def _cpu_mode(df: pl.DataFrame) -> pl.DataFrame:
     if df.select(kind.is_in(GPU_KINDS).any()).item():
         return df
     name = pl.col("name").cast(pl.String)
-    d = df.with_row_index("_row")
+    d = row_index(df, "_row")
     upd = []
     tids = forward_tids(df)
     if tids:
@@ -237,7 +235,7 @@ def _cpu_mode(df: pl.DataFrame) -> pl.DataFrame:
     if not upd:
         return df
     u = pl.concat(upd, how="vertical_relaxed")
-    out = attach(d, u, "_row")
+    out = attach_rows(d, u, "_row")
     hit = pl.col("_f").is_not_null()
     return out.with_columns(
         pl.when(hit).then(pl.col("_c")).otherwise(pl.col("category").cast(pl.String)).cast(pl.Categorical).alias("category"),
@@ -275,7 +273,7 @@ def _context_rules(df: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:
     )
     is_gpu = pl.col("kind").is_in(GPU_KINDS)
     gpu = (
-        df.lazy().with_row_index("_row")
+        row_index(df, "_row").lazy()
         .filter((is_gpu & pl.col("launch_ts_ns").is_not_null()) | _cpu_device_row())
         .select("_row", "kind", "tid", "ts_ns", "launch_tid", "launch_ts_ns", "category", "family", "name")
         .collect()
@@ -292,6 +290,7 @@ def _context_rules(df: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:
         by="tid",
         at="ts",
         payload=["_rule"],
+        keep_order=False,
     ).filter(pl.col("_rule").is_not_null())
     if hit.height == 0:
         return df
@@ -312,7 +311,7 @@ def _context_rules(df: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:
     if not new_cat:
         return df
     upd = pl.concat(new_cat)
-    out = attach(df.with_row_index("_row"), upd, "_row")
+    out = attach_rows(row_index(df, "_row"), upd, "_row")
     return out.with_columns(
         pl.coalesce(pl.col("_c"), pl.col("category").cast(pl.String)).cast(pl.Categorical).alias("category"),
         pl.coalesce(pl.col("_f"), pl.col("family").cast(pl.String)).cast(pl.Categorical).alias("family"),
@@ -336,7 +335,7 @@ def _collectives(df: pl.DataFrame) -> pl.DataFrame:
         return df
     # 1. record_param_comms enclosing the launching runtime call on the same thread
     rpc = df.filter((pl.col("kind") == "cpu_op") & (pl.col("name") == "record_param_comms"))
-    d = df.with_row_index("_row")
+    d = row_index(df, "_row")
     if rpc.height:
         need = d.filter(is_comm & pl.col("coll_name").is_null() & pl.col("launch_ts_ns").is_not_null())
         if need.height:
@@ -346,7 +345,7 @@ def _collectives(df: pl.DataFrame) -> pl.DataFrame:
             ).rename({c: f"_{c}" for c in _COLL_COLS})
             hit = covered_by(
                 need.select("_row", pl.col("launch_tid").alias("tid"), pl.col("launch_ts_ns").alias("ts")),
-                iv, by="tid", at="ts", payload=[f"_{c}" for c in _COLL_COLS],
+                iv, by="tid", at="ts", payload=[f"_{c}" for c in _COLL_COLS], keep_order=False,
             )
             if need.filter(_cpu_device_row()).height:
                 # CPU mode: gloo records record_param_comms inside the issuing c10d op, after its start
@@ -359,7 +358,7 @@ def _collectives(df: pl.DataFrame) -> pl.DataFrame:
                 miss = hit.filter(pl.col("_coll_name").is_null() & pl.col("_row").is_in(inner["_row"].implode()))
                 hit = pl.concat([hit.filter(~pl.col("_row").is_in(miss["_row"].implode())),
                                  miss.drop(pay).join(inner.select("_row", *pay), on="_row", how="left")], how="vertical_relaxed")
-            d = attach(d, hit.drop(["tid", "ts"]), "_row")
+            d = attach_rows(d, hit.drop(["tid", "ts"]), "_row")
             d = d.with_columns(
                 [pl.coalesce(pl.col(c).cast(pl.String) if c in ("coll_name", "coll_dtype", "pg_name", "pg_desc", "pg_ranks") else pl.col(c), pl.col(f"_{c}")).alias(c) for c in _COLL_COLS]
             ).drop([f"_{c}" for c in _COLL_COLS])
@@ -375,7 +374,7 @@ def _collectives(df: pl.DataFrame) -> pl.DataFrame:
     key = pl.coalesce(pl.col("pg_name").cast(pl.String), pl.lit("fam:") + pl.col("family").cast(pl.String))
     comm = d.lazy().filter(is_comm).select("_row", "ts_ns", key.alias("_k")).collect().sort("ts_ns")
     comm = comm.with_columns((pl.col("ts_ns").rank("ordinal").over("_k") - 1).cast(pl.Int64).alias("_seq"))
-    d = attach(d, comm.select("_row", "_seq"), "_row")
+    d = attach_rows(d, comm.select("_row", "_seq"), "_row")
     d = d.with_columns(pl.coalesce("coll_seq", "_seq").alias("coll_seq")).drop(["_seq", "_row"])
     return conform(d)
 
@@ -386,7 +385,7 @@ def _assign_steps(df: pl.DataFrame) -> pl.DataFrame:
     ).collect()
     if steps.height == 0:
         return df
-    d = df.with_row_index("_row")
+    d = row_index(df, "_row")
     is_gpu = pl.col("kind").is_in(GPU_KINDS)
     launched = is_gpu | _cpu_device_row()  # CPU mode: a gloo collective is placed by the c10d op that issued it
     pts = d.lazy().filter((is_gpu & pl.col("launch_ts_ns").is_not_null()) | _cpu_device_row() | (pl.col("kind") == "runtime")).select(
@@ -398,10 +397,11 @@ def _assign_steps(df: pl.DataFrame) -> pl.DataFrame:
         return df
     has_tid = steps.get_column("tid").null_count() < steps.height
     if has_tid:
-        hit = covered_by(pts.filter(pl.col("tid").is_not_null()), steps.filter(pl.col("tid").is_not_null()), by="tid", at="ts", payload=["_sid"])
+        hit = covered_by(pts.filter(pl.col("tid").is_not_null()), steps.filter(pl.col("tid").is_not_null()), by="tid", at="ts",
+                         payload=["_sid"], keep_order=False)
     else:
-        hit = covered_by(pts, steps.drop("tid"), at="ts", payload=["_sid"])
-    d = attach(d, hit.select("_row", "_sid"), "_row")
+        hit = covered_by(pts, steps.drop("tid"), at="ts", payload=["_sid"], keep_order=False)
+    d = attach_rows(d, hit.select("_row", "_sid"), "_row")
     return d.with_columns(pl.coalesce("step_id", "_sid").alias("step_id")).drop(["_row", "_sid"])
 
 
