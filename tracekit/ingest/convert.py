@@ -96,15 +96,21 @@ def _raw_ranks(src: Source) -> Iterator[tuple[list[pl.DataFrame], dict[str, Any]
 def _finish_rank(hand: list[pl.DataFrame], meta: dict[str, Any], rules: RuleSet) -> pl.DataFrame:
     """Finalize one rank's raw rows (rows unsorted; ``hand`` is emptied) and add its counts to ``meta``."""
     df = finalize_rank(hand, rules, sort=False)  # rows are ordered slice by slice while written
-    gpu = df.filter(pl.col("kind").is_in(["kernel", "memcpy", "memset"]))
+    # aggregates only: a filtered copy of the GPU rows would be a third of the rank
+    is_gpu = pl.col("kind").is_in(["kernel", "memcpy", "memset"])
+    gpu_ops, cpu_dev, lo, hi = df.select(
+        is_gpu.sum().alias("g"), pl.col("category").is_not_null().sum().alias("c"),
+        pl.col("ts_ns").min().alias("lo"), (pl.col("ts_ns") + pl.col("dur_ns")).max().alias("hi"),
+    ).row(0)
+    devices = df.lazy().filter(is_gpu).select(pl.col("device").drop_nulls().unique()).collect().to_series().to_list()
     meta.update(
         {
             "rows": df.height,
-            "gpu_ops": gpu.height,
-            "cpu_device_ops": 0 if gpu.height else df.filter(pl.col("category").is_not_null()).height,
-            "first_ts_ns": int(df["ts_ns"].min()) if df.height else None,  # type: ignore[arg-type]
-            "last_end_ns": int((df["ts_ns"] + df["dur_ns"]).max()) if df.height else None,  # type: ignore[arg-type]
-            "devices": sorted({int(d) for d in gpu["device"].drop_nulls().unique().to_list()}),
+            "gpu_ops": int(gpu_ops),
+            "cpu_device_ops": 0 if gpu_ops else int(cpu_dev),
+            "first_ts_ns": None if lo is None else int(lo),
+            "last_end_ns": None if hi is None else int(hi),
+            "devices": sorted({int(d) for d in devices}),
         }
     )
     return df
@@ -228,7 +234,7 @@ class _Stager:
 #: parts of up to this many (in-memory) bytes are uncompressed Arrow IPC, larger ones lz4 Parquet (``--jobs N``)
 IPC_PART_MAX_BYTES = 512 << 20
 #: a rank of up to this many bytes of raw rows is finalized and written on a thread while the next rank is read
-OVERLAP_MAX_BYTES = 256 << 20
+OVERLAP_MAX_BYTES = 128 << 20
 
 
 def _part_error(e: OSError, part: str, out_label: str) -> OutputError:
@@ -265,12 +271,12 @@ def _part_summary(df: pl.DataFrame, comm_path: str, out_label: str) -> dict[str,
     sequence ranges (several windows of one rank)."""
     from tracekit.analysis.window import SMALL_COLUMNS
 
-    comm = df.filter(COMM)
+    comm = df.lazy().filter(COMM).select(SMALL_COLUMNS).collect()  # the 20 columns alignment reads, not a copy of all 49
     comm_part = None
     if comm.height:
         comm_part = comm_path
         try:  # only what matching and clock alignment read (20 of 49 columns: all ranks' rows are loaded at once)
-            comm.select(SMALL_COLUMNS).write_parquet(comm_part, compression="lz4")
+            comm.write_parquet(comm_part, compression="lz4")
         except OSError as e:
             raise _part_error(e, comm_path, out_label) from None
     steps = df.filter(pl.col("kind") == "step").select("ts_ns", "step_id")
