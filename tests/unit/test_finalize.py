@@ -8,9 +8,10 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from polars.testing import assert_frame_equal
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "golden"))
-from kineto_doc import annotation, cpu_op, doc, kernel, runtime, write_doc  # noqa: E402
+from kineto_doc import annotation, cpu_op, doc, kernel, memcpy, runtime, write_doc  # noqa: E402
 
 from tracekit.categories import load_rules  # noqa: E402
 from tracekit.ingest.common import finalize_rank  # noqa: E402
@@ -166,3 +167,61 @@ def test_collective_on_two_ranks(tmp_path: Path) -> None:
     # the same collective instance lines up across ranks by (pg_name, coll_seq)
     key = comm.filter(pl.col("pg_name").is_not_null()).group_by("pg_name", "coll_seq").agg(pl.col("rank").n_unique())
     assert key["rank"].to_list() == [2, 2, 2]
+
+
+def _rich_events(n: int) -> list:
+    """n steps, each: a step range, a context range with a grouped GEMM, a graph launch, a collective
+    from record_param_comms, a memcpy; enough text for several stream chunks."""
+    meta = {"In msg nelems": 4096, "Out msg nelems": 4096, "Group size": 2, "dtype": "BFloat16",
+            "Process Group Name": "0", "Process Group Description": "default_pg", "Process Group Ranks": "[0, 1]"}
+    evs = []
+    for s in range(n):
+        t = 1000 * s
+        c = 100 * s
+        evs += [
+            annotation(f"step[DECODE bs={8 + s % 3}]", t, 900, tid=1),
+            annotation("moe.experts", t + 10, 100, tid=1),
+            runtime("cudaLaunchKernel", t + 20, 5, corr=c + 1, tid=1),
+            kernel("nvjet_tst_128x64", t + 30, 20, corr=c + 1),
+            runtime("cudaGraphLaunch", t + 200, 5, corr=c + 2, tid=1),
+            kernel("fused_moe_kernel", t + 210, 5, corr=c + 2, **{"graph id": 3}),
+            kernel("rmsnorm_kernel", t + 216, 5, corr=c + 2, **{"graph id": 3}),
+            cpu_op("record_param_comms", t + 300, 20, tid=1, **{"Collective name": "allreduce", **meta}),
+            runtime("cudaLaunchKernel", t + 305, 5, corr=c + 3, tid=1),
+            kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", t + 330, 20, corr=c + 3),
+            runtime("cudaMemcpyAsync", t + 400, 5, corr=c + 4, tid=1),
+            memcpy("Memcpy DtoH (Device -> Pinned)", t + 410, 3, corr=c + 4),
+            cpu_op("aten::mm", t + 500, 30, tid=1),
+        ]
+    return evs
+
+
+def test_a_rank_read_in_chunks_is_finalized_without_rechunking(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the reader keeps a large rank as one aligned chunk per group of text chunks (gluing them would copy the
+    # rank); finalizing must keep every column cut at the same boundaries, or polars rechunks the whole frame
+    import tracekit.ingest.kineto as kineto
+
+    N = 2000  # ~6 MB of text: the stream cuts chunks only about 1 MB ahead of the decoder
+    rules = load_rules(None)
+    p = write_doc(tmp_path / "t.json.gz", doc(_rich_events(N), rank=0, base_ns=BASE))
+    monkeypatch.setattr(kineto, "_CHUNK_BYTES", 32 << 10)
+    monkeypatch.setattr(kineto, "_GROUP_CHUNKS", 2)
+    monkeypatch.setenv("TRACEKIT_PARSE_THREADS", "1")
+    raw, _ = read_kineto(p)
+    chunks = raw.get_column("ts_ns").n_chunks()
+    assert chunks > 3
+    one = finalize_rank(raw.rechunk(), rules)
+    df = finalize_rank([raw], rules, sort=False)
+    for name in ("kind", "ts_ns", "name", "category", "family", "launch_ts_ns", "launch_name", "step_id", "coll_seq",
+                 "coll_name", "memcpy_kind", "step_mode"):
+        assert df.get_column(name).n_chunks() == chunks, name
+    assert_frame_equal(df.sort("ts_ns", maintain_order=True), one)
+    # and the result is what the rows say
+    k = one.filter(pl.col("kind") == "kernel")
+    # the GEMM launched inside moe.experts is an expert GEMM (context rule); the norm is other compute
+    assert k.group_by("category").len().sort("category").rows() == sorted(
+        [("moe_gemm", 2 * N), ("other_compute", N), ("communication", N)])
+    assert one.filter(pl.col("kind") == "step").height == N
+    assert k.get_column("step_id").null_count() == 0
+    assert one.filter(pl.col("kind") == "memcpy").get_column("memcpy_kind").cast(pl.String).unique().to_list() == ["DtoH"]
+    assert k.filter(pl.col("category") == "communication").get_column("coll_seq").to_list() == list(range(N))

@@ -239,3 +239,33 @@ def test_many_small_chunks_give_the_whole_read(tmp_path: Path, monkeypatch: pyte
     assert streamed.get_column("ts_ns").n_chunks() == len(stacks) == streamed.get_column("kind").n_chunks()
     assert streamed.height == 2 * n
     assert_frame_equal(streamed, whole, categorical_as_str=True)
+
+
+def test_columns_null_in_a_chunk_take_no_place_in_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # most args fields are null in most chunks; a chunk drops them (_sparse) and the read adds them back
+    # where other chunks have values, or as null literals where none does: same rows, same schema
+    import tracekit.ingest.kineto as kineto
+
+    evs = []
+    n = 6000
+    for i in range(n):
+        evs.append(runtime("cudaLaunchKernel", 10 * i, 2, corr=i + 1))
+        evs.append(kernel(f"k{i % 5}", 10 * i + 3, 1.25, corr=i + 1))
+    evs.append(cpu_op("record_param_comms", 10 * n, 5, **{"Collective name": "allreduce", "In msg nelems": 8}))
+    p = tmp_path / "t.json.gz"
+    p.write_bytes(gzip.compress(_events_text(evs, ",\n  ")))
+    import json
+
+    chunk = ("[" + ",\n  ".join(json.dumps(e) for e in evs[:100]) + "]").encode()
+    stage, _ = kineto._stage_chunk(bytearray(chunk), p, None)
+    assert "coll_name" not in stage.columns and "bytes" not in stage.columns and "grid_x" in stage.columns
+    whole, _ = kineto._read_whole(p, None, None)
+    monkeypatch.setenv("TRACEKIT_PARSE_THREADS", "1")
+    monkeypatch.setattr(kineto, "_CHUNK_BYTES", 64 << 10)
+    monkeypatch.setattr(kineto, "_GROUP_CHUNKS", 3)
+    streamed, _ = kineto._read_streaming(p, None, None)
+    assert streamed.schema == pl.Schema(POLARS_SCHEMA)
+    assert_frame_equal(streamed, whole, categorical_as_str=True)
+    coll = streamed.filter(pl.col("coll_name").is_not_null())
+    assert coll.select("name", "coll_name", "coll_in_nelems").rows() == [("record_param_comms", "allreduce", 8)]
+    assert streamed.get_column("bytes").null_count() == streamed.height
