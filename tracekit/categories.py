@@ -81,11 +81,15 @@ class RuleSet:
         # rules run once per distinct name; rows find theirs by the name's dictionary code
         names = distinct_names(df, gpu)
         table = self.classify_names(names.get_column("name").to_list())
-        table = names.join(table, on="name", how="left").select("_code", pl.col("category").alias("_c"), pl.col("family").alias("_f"))
-        out = attach(df, table, "_code", key=NAME_CODE)
+        table = names.join(table, on="name", how="left").select(
+            "_code", pl.col("category").cast(pl.Categorical).alias("_c"), pl.col("family").cast(pl.Categorical).alias("_f")
+        )
+        # categorical throughout (no text column the length of the rank); non-GPU rows find nothing
+        out = attach(df, table, "_code", key=pl.when(gpu).then(NAME_CODE))
+        has = df.select(pl.col("category").is_not_null().any().alias("c"), pl.col("family").is_not_null().any().alias("f")).row(0)
         return out.with_columns(
-            pl.when(gpu).then(pl.col("_c")).otherwise(pl.col("category").cast(pl.String)).cast(pl.Categorical).alias("category"),
-            pl.when(gpu).then(pl.col("_f")).otherwise(pl.col("family").cast(pl.String)).cast(pl.Categorical).alias("family"),
+            (pl.when(gpu).then(pl.col("_c")).otherwise(pl.col("category").cast(pl.Categorical)) if has[0] else pl.col("_c")).alias("category"),
+            (pl.when(gpu).then(pl.col("_f")).otherwise(pl.col("family").cast(pl.Categorical)) if has[1] else pl.col("_f")).alias("family"),
         ).drop(["_c", "_f"])
 
 

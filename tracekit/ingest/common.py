@@ -66,38 +66,44 @@ def parse_steps(df: pl.DataFrame) -> pl.DataFrame:
     fields = pl.col("_sn").str.extract_groups(rx).struct
     table = names.filter(pl.col("_sn").str.contains(rx)).select(
         "_code",
-        (fields.field("mode") if not numbered else pl.lit(None, dtype=pl.String)).alias("_mode"),
+        (fields.field("mode") if not numbered else pl.lit(None, dtype=pl.String)).cast(pl.Categorical).alias("_mode"),
         (fields.field("bs").cast(pl.Int32, strict=False) if not numbered else pl.lit(None, dtype=pl.Int32)).alias("_bs"),
         (fields.field("tok").cast(pl.Int64, strict=False) if not numbered else pl.lit(None, dtype=pl.Int64)).alias("_tok"),
         (fields.field("id").cast(pl.Int64, strict=False) if numbered else pl.lit(None, dtype=pl.Int64)).alias("_sid"),
-        pl.lit(True).alias("_hit"),
     )
-    hit = pl.col("_hit").fill_null(False)
-    out = attach(df, table, "_code", key=pl.when(is_range).then(NAME_CODE)).with_columns(
-        pl.when(hit).then(pl.lit("step").cast(pl.Categorical)).otherwise(pl.col("kind").cast(pl.Categorical)).alias("kind"),
-        pl.when(hit).then(pl.col("_mode")).otherwise(pl.col("step_mode").cast(pl.String)).alias("step_mode"),
+    # the step rows (new ones and any the rank already had), by row number: the fields are computed on them only
+    is_hit = is_range & NAME_CODE.is_in(table.get_column("_code").implode())
+    cols = ["step_mode", "batch_size", "tokens", "step_id", "profiled"]
+    steps = (
+        df.lazy().with_row_index("_row").filter(is_hit | (pl.col("kind") == "step"))
+        .select("_row", "ts_ns", is_hit.alias("_hit"), NAME_CODE.alias("_code"), *cols).collect()
+        .join(table, on="_code", how="left", maintain_order="left")
+    )
+    hit = pl.col("_hit")
+    steps = steps.select(
+        "_row", "ts_ns",
+        pl.when(hit).then(pl.col("_mode")).otherwise(pl.col("step_mode").cast(pl.Categorical)).alias("step_mode"),
         pl.when(hit).then(pl.col("_bs")).otherwise(pl.col("batch_size")).alias("batch_size"),
         pl.when(hit).then(pl.col("_tok")).otherwise(pl.col("tokens")).alias("tokens"),
         pl.when(hit).then(pl.col("_sid")).otherwise(pl.col("step_id")).alias("step_id"),
         pl.when(hit).then(pl.lit(True)).otherwise(pl.col("profiled")).alias("profiled"),
-    ).drop(["_mode", "_bs", "_tok", "_sid", "_hit"])
-    # DECODE: one token per request
-    is_step = pl.col("kind") == "step"
-    out = out.with_columns(
-        pl.when(is_step & pl.col("tokens").is_null() & (pl.col("step_mode") == "DECODE"))
-        .then(pl.col("batch_size").cast(pl.Int64))
-        .otherwise(pl.col("tokens"))
-        .alias("tokens")
+    ).with_columns(  # DECODE: one token per request
+        pl.when(pl.col("tokens").is_null() & (pl.col("step_mode") == "DECODE")).then(pl.col("batch_size").cast(pl.Int64))
+        .otherwise(pl.col("tokens")).alias("tokens")
     )
-    if not numbered:  # steps numbered in time order, computed on the step rows only
-        idx = out.select(pl.arg_where(is_step)).to_series()
-        order = (out.get_column("ts_ns").gather(idx).rank("ordinal") - 1).cast(pl.Int64)
-        sid = out.get_column("step_id").cast(pl.Int64).clone().scatter(idx, order).alias("step_id")
-        out = out.drop("step_id").hstack(aligned(out, [sid]))
+    if not numbered:  # steps numbered in time order (ties: row order)
+        steps = steps.with_columns((pl.col("ts_ns").rank("ordinal") - 1).cast(pl.Int64).alias("step_id"))
+    out = attach_rows(df, steps.select("_row", pl.lit(True).alias("_st"), *[pl.col(c).alias(f"_{c}") for c in cols]), "_row")
+    st = pl.col("_st").fill_null(False)
+    out = out.with_columns(
+        pl.when(st).then(pl.lit("step").cast(pl.Categorical)).otherwise(pl.col("kind").cast(pl.Categorical)).alias("kind"),
+        *[pl.when(st).then(pl.col(f"_{c}")).otherwise(pl.col(c)).alias(c) for c in cols],
+    ).drop(["_st", *[f"_{c}" for c in cols]])
     return conform(out)
 
 
 def _launch_join(df: pl.DataFrame) -> pl.DataFrame:
+    """GPU ops get their launching runtime call by ``correlation`` (joined on the GPU rows only, attached by row number)."""
     rt = (
         df.lazy().filter((pl.col("kind") == "runtime") & pl.col("correlation").is_not_null() & (pl.col("correlation") != 0))
         .select(
@@ -105,22 +111,25 @@ def _launch_join(df: pl.DataFrame) -> pl.DataFrame:
             pl.col("ts_ns").alias("_lts"),
             pl.col("dur_ns").alias("_ldur"),
             pl.col("tid").alias("_ltid"),
-            pl.col("name").alias("_lname"),
+            pl.col("name").alias("_lname"),  # categorical throughout: no text column the length of the rank
         )
         .unique("correlation", keep="first", maintain_order=True)
         .collect()
     )
     if rt.height == 0:
         return df
-    is_gpu = pl.col("kind").is_in(GPU_KINDS)
-    j = attach(df, rt, "correlation")
+    gpu = (
+        df.lazy().with_row_index("_row").filter(pl.col("kind").is_in(GPU_KINDS) & pl.col("correlation").is_not_null())
+        .select("_row", "correlation").collect()
+        .join(rt, on="correlation", how="inner").drop("correlation")
+    )
+    pairs = {"launch_ts_ns": "_lts", "launch_dur_ns": "_ldur", "launch_tid": "_ltid", "launch_name": "_lname"}
+    # a launch column with no value yet (Kineto) simply becomes the looked-up one: no second full column
+    has = df.select([pl.col(c).is_not_null().any().alias(c) for c in pairs]).row(0, named=True)
+    j = attach_rows(df, gpu, "_row")
     return j.with_columns(
-        pl.when(is_gpu).then(pl.coalesce("launch_ts_ns", "_lts")).otherwise(pl.col("launch_ts_ns")).alias("launch_ts_ns"),
-        pl.when(is_gpu).then(pl.coalesce("launch_dur_ns", "_ldur")).otherwise(pl.col("launch_dur_ns")).alias("launch_dur_ns"),
-        pl.when(is_gpu).then(pl.coalesce("launch_tid", "_ltid")).otherwise(pl.col("launch_tid")).alias("launch_tid"),
-        # categorical throughout: no text column the length of the rank
-        pl.when(is_gpu).then(pl.coalesce("launch_name", "_lname")).otherwise(pl.col("launch_name")).alias("launch_name"),
-    ).drop(["_lts", "_ldur", "_ltid", "_lname"])
+        [(pl.coalesce(c, p) if has[c] else pl.col(p)).alias(c) for c, p in pairs.items()]
+    ).drop(list(pairs.values()))
 
 
 # -- CPU mode -----------------------------------------------------------------
@@ -330,26 +339,32 @@ _COLL_COLS = ["coll_name", "coll_in_nelems", "coll_out_nelems", "coll_dtype", "c
 
 
 def _collectives(df: pl.DataFrame) -> pl.DataFrame:
+    """Collective metadata on communication ops (see the module docstring, step 4).
+
+    Works on the communication rows only and attaches the results by row
+    number; text columns stay categorical (no column of strings the length of the rank).
+    """
     is_comm = (pl.col("kind").is_in(GPU_KINDS) | _cpu_device_row()) & (pl.col("category") == "communication")
     if not df.select(is_comm.any()).item():
         return df
-    # 1. record_param_comms enclosing the launching runtime call on the same thread
-    rpc = df.filter((pl.col("kind") == "cpu_op") & (pl.col("name") == "record_param_comms"))
     d = row_index(df, "_row")
+    # 1. record_param_comms enclosing the launching runtime call on the same thread
+    rpc = d.lazy().filter((pl.col("kind") == "cpu_op") & (pl.col("name") == "record_param_comms")).select(
+        "tid", pl.col("ts_ns").alias("start"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("end"), *_COLL_COLS
+    ).collect()
     if rpc.height:
-        need = d.filter(is_comm & pl.col("coll_name").is_null() & pl.col("launch_ts_ns").is_not_null())
+        need = d.lazy().filter(is_comm & pl.col("coll_name").is_null() & pl.col("launch_ts_ns").is_not_null()).select(
+            "_row", "launch_tid", "launch_ts_ns", "launch_dur_ns", _cpu_device_row().alias("_cpu")
+        ).collect()
         if need.height:
-            iv = rpc.select(
-                "tid", pl.col("ts_ns").alias("start"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("end"),
-                *[pl.col(c).cast(pl.String) if c in ("coll_name", "coll_dtype", "pg_name", "pg_desc", "pg_ranks") else pl.col(c) for c in _COLL_COLS],
-            ).rename({c: f"_{c}" for c in _COLL_COLS})
+            iv = rpc.rename({c: f"_{c}" for c in _COLL_COLS})
             hit = covered_by(
                 need.select("_row", pl.col("launch_tid").alias("tid"), pl.col("launch_ts_ns").alias("ts")),
                 iv, by="tid", at="ts", payload=[f"_{c}" for c in _COLL_COLS], keep_order=False,
             )
-            if need.filter(_cpu_device_row()).height:
+            if need.select(pl.col("_cpu").any()).item():
                 # CPU mode: gloo records record_param_comms inside the issuing c10d op, after its start
-                inner = need.filter(_cpu_device_row()).select(
+                inner = need.filter(pl.col("_cpu")).select(
                     "_row", pl.col("launch_tid").alias("tid"), pl.col("launch_ts_ns").alias("_a"),
                     (pl.col("launch_ts_ns") + pl.col("launch_dur_ns").fill_null(0)).alias("_b"),
                 ).sort("_a").join_asof(iv.sort("start"), left_on="_a", right_on="start", by="tid", strategy="forward",
@@ -359,24 +374,24 @@ def _collectives(df: pl.DataFrame) -> pl.DataFrame:
                 hit = pl.concat([hit.filter(~pl.col("_row").is_in(miss["_row"].implode())),
                                  miss.drop(pay).join(inner.select("_row", *pay), on="_row", how="left")], how="vertical_relaxed")
             d = attach_rows(d, hit.drop(["tid", "ts"]), "_row")
-            d = d.with_columns(
-                [pl.coalesce(pl.col(c).cast(pl.String) if c in ("coll_name", "coll_dtype", "pg_name", "pg_desc", "pg_ranks") else pl.col(c), pl.col(f"_{c}")).alias(c) for c in _COLL_COLS]
-            ).drop([f"_{c}" for c in _COLL_COLS])
-    # 2. infer the collective from the kernel name
-    name = pl.col("name").cast(pl.String)
+            d = d.with_columns([pl.coalesce(c, f"_{c}").alias(c) for c in _COLL_COLS]).drop([f"_{c}" for c in _COLL_COLS])
+    # 2. lower-case names; infer the collective from the kernel name (regexes on the distinct names only)
+    comm = d.lazy().filter(is_comm).select(
+        "_row", "ts_ns", NAME_CODE.alias("_code"), "coll_name",
+        pl.coalesce(pl.col("pg_name").cast(pl.String), pl.lit("fam:") + pl.col("family").cast(pl.String)).alias("_k"),
+    ).collect()
+    names = comm.select("_code").unique().join(distinct_names(d, is_comm), on="_code", how="left")
     inferred = pl.lit(None, dtype=pl.String)
     for rx, cname in reversed(_COLL_FROM_NAME):
-        inferred = pl.when(name.str.contains(rx)).then(pl.lit(cname)).otherwise(inferred)
-    d = d.with_columns(
-        pl.when(is_comm).then(pl.coalesce(pl.col("coll_name").cast(pl.String).str.to_lowercase(), inferred)).otherwise(pl.col("coll_name").cast(pl.String)).alias("coll_name")
+        inferred = pl.when(pl.col("name").str.contains(rx)).then(pl.lit(cname)).otherwise(inferred)
+    comm = comm.join(names.select("_code", inferred.alias("_inf")), on="_code", how="left").with_columns(
+        pl.coalesce(pl.col("coll_name").cast(pl.String).str.to_lowercase(), "_inf").cast(pl.Categorical).alias("_cn")
     )
     # 3. sequence within (process group or family); recorded Seq wins when present
-    key = pl.coalesce(pl.col("pg_name").cast(pl.String), pl.lit("fam:") + pl.col("family").cast(pl.String))
-    comm = d.lazy().filter(is_comm).select("_row", "ts_ns", key.alias("_k")).collect().sort("ts_ns")
-    comm = comm.with_columns((pl.col("ts_ns").rank("ordinal").over("_k") - 1).cast(pl.Int64).alias("_seq"))
-    d = attach_rows(d, comm.select("_row", "_seq"), "_row")
-    d = d.with_columns(pl.coalesce("coll_seq", "_seq").alias("coll_seq")).drop(["_seq", "_row"])
-    return conform(d)
+    comm = comm.sort("ts_ns").with_columns((pl.col("ts_ns").rank("ordinal").over("_k") - 1).cast(pl.Int64).alias("_seq"))
+    d = attach_rows(d, comm.select("_row", "_cn", "_seq"), "_row")
+    d = d.with_columns(pl.coalesce("_cn", "coll_name").alias("coll_name"), pl.coalesce("coll_seq", "_seq").alias("coll_seq"))
+    return conform(d.drop(["_cn", "_seq", "_row"]))
 
 
 def _assign_steps(df: pl.DataFrame) -> pl.DataFrame:

@@ -36,7 +36,7 @@ import pyarrow.json as pajson
 import polars as pl
 
 from tracekit._errors import InputError, QualityLog
-from tracekit._frames import NAME_CODE, attach, distinct_names
+from tracekit._frames import attach_rows
 from tracekit.ingest.kineto_stream import EventStream, StreamFallback
 from tracekit.schema import conform
 
@@ -640,9 +640,9 @@ _STAGE_SCHEMA = {
     "kind": pl.Categorical, "src": pl.Categorical, "name": pl.Categorical, "pid": pl.Int64, "tid": pl.Int64,
     "ts_rel_ns": pl.Int64, "dur_ns": pl.Int64, "correlation": pl.Int64, "external_id": pl.Int64,
     "device": pl.Int64, "stream": pl.Int64, "registers_per_thread": pl.Int64, "shared_mem_bytes": pl.Int64,
-    "bytes": pl.Int64, "graph_id": pl.Int64, "graph_node_id": pl.Int64, "coll_name": pl.String,
-    "coll_in_nelems": pl.Int64, "coll_out_nelems": pl.Int64, "coll_group_size": pl.Int64, "coll_dtype": pl.String,
-    "pg_name": pl.String, "pg_desc": pl.String, "pg_ranks": pl.String, "coll_seq": pl.Int64, "input_dims": pl.String,
+    "bytes": pl.Int64, "graph_id": pl.Int64, "graph_node_id": pl.Int64, "coll_name": pl.Categorical,
+    "coll_in_nelems": pl.Int64, "coll_out_nelems": pl.Int64, "coll_group_size": pl.Int64, "coll_dtype": pl.Categorical,
+    "pg_name": pl.Categorical, "pg_desc": pl.Categorical, "pg_ranks": pl.Categorical, "coll_seq": pl.Int64, "input_dims": pl.String,
     "input_types": pl.String, "grid_x": pl.Int32, "grid_y": pl.Int32, "grid_z": pl.Int32,
     "block_x": pl.Int32, "block_y": pl.Int32, "block_z": pl.Int32,
 }
@@ -878,17 +878,18 @@ def _finish(st: pl.DataFrame, meta: dict[str, Any]) -> pl.DataFrame:
     if neg:
         meta.setdefault("quality", []).append({"code": "negative_durations", "message": f"{neg} events had negative durations; clamped to 0", "severity": "warning"})
         df = df.with_columns(pl.when(pl.col("dur_ns") < 0).then(0).otherwise(pl.col("dur_ns")).alias("dur_ns"))
-    # memcpy kind and memory kinds from the distinct memcpy names only (no text column the length of the rank)
+    # memcpy kind and memory kinds from the memcpy rows only, attached by row number as categoricals
+    # (no text column the length of the rank, no hash join over every row)
     is_mc = pl.col("kind") == "memcpy"
-    mc = distinct_names(df, is_mc)
+    mc = df.select(pl.arg_where(is_mc).alias("_row"), pl.col("name").filter(is_mc).cast(pl.String).alias("_n"))
     if mc.height:
-        n = pl.col("name")
-        df = attach(df, mc.select(
-            "_code",
-            n.str.extract(r"^Memcpy (\w+)", 1).alias("memcpy_kind"),
-            n.str.extract(r"\((\w+) ->", 1).alias("src_mem"),
-            n.str.extract(r"-> (\w+)\)", 1).alias("dst_mem"),
-        ), "_code", key=pl.when(is_mc).then(NAME_CODE))
+        n = pl.col("_n")
+        df = attach_rows(df, mc.select(
+            "_row",
+            n.str.extract(r"^Memcpy (\w+)", 1).cast(pl.Categorical).alias("memcpy_kind"),
+            n.str.extract(r"\((\w+) ->", 1).cast(pl.Categorical).alias("src_mem"),
+            n.str.extract(r"-> (\w+)\)", 1).cast(pl.Categorical).alias("dst_mem"),
+        ), "_row")
     df = df.with_columns(
         pl.when(pl.col("kind").is_in(["kernel", "memcpy", "memset", "gpu_range", "sync"])).then(pl.col("device")).otherwise(None).cast(pl.Int32).alias("device"),
         pl.lit(0, dtype=pl.Int32).alias("rank"),
