@@ -10,6 +10,10 @@ sampled every 50 ms, so parallel convert workers count):
 * a lazy scan (``scan_trace`` → per-rank, per-category kernel time), the access
   path a distributed engine would use on the same file.
 
+Convert's peak is also given against the largest rank's uncompressed JSON,
+as is and above the *floor*: the peak of converting a tiny capture (the
+interpreter, polars, pyarrow and their first-use pages; measured once per run).
+
 Usage::
 
     python benchmarks/scale.py                         # 1M, 4M, 16M kernels on 8 ranks + a 64-rank case
@@ -57,6 +61,8 @@ class Case:
     kernels_per_rank: int = 0
     events: int = 0
     json_mb: float = 0.0
+    #: uncompressed JSON of the largest rank (the gzip trailer's size field)
+    rank_json_mb: float = 0.0
     parquet_mb: float = 0.0
     gen_s: float = 0.0
     phases: dict[str, dict[str, float | str]] = field(default_factory=dict)
@@ -70,6 +76,26 @@ def _parse_n(s: str) -> int:
     elif s.endswith("m"):
         mul, s = 1_000_000, s[:-1]
     return int(float(s) * mul)
+
+
+def _inflated_size(path: Path) -> int:
+    """Uncompressed size of a single-member .gz below 4 GiB (its trailer), else of the file itself."""
+    if path.suffix != ".gz":
+        return path.stat().st_size
+    with open(path, "rb") as f:
+        f.seek(-4, os.SEEK_END)
+        return int.from_bytes(f.read(4), "little")
+
+
+def floor_rss(work: Path, timeout: float) -> dict[str, float | str]:
+    """Peak RSS of converting a tiny 1-rank capture in a fresh process: interpreter, libraries and their
+    first-use pages — the part of every convert peak that does not depend on the input."""
+    src = work / "floor" / "raw"
+    shutil.rmtree(src.parent, ignore_errors=True)
+    write_synthetic_kineto(src, 1, 2000, 0, tp_size=1)
+    r = _measure([sys.executable, "-m", "tracekit.cli", "convert", str(src), "-o", str(src.parent / "t.parquet"), "-q", "--force"], timeout)
+    shutil.rmtree(src.parent, ignore_errors=True)
+    return r
 
 
 def _measure(cmd: list[str], timeout: float, stdout: Path | None = None) -> dict[str, float | str]:
@@ -118,6 +144,7 @@ def run_case(ranks: int, kernels: int, work: Path, *, timeout: float, seed: int 
     spec = write_synthetic_kineto(src, ranks, c.kernels_per_rank, seed, tp_size=min(ranks, 8))
     c.gen_s = round(time.perf_counter() - t0, 2)
     c.json_mb = round(sum(p.stat().st_size for p in spec.paths) / 1e6, 1)
+    c.rank_json_mb = round(max(_inflated_size(p) for p in spec.paths) / 1e6, 1)
     # kernel + launch + cpu op per kernel, plus per-step annotations/copies
     c.events = 3 * c.kernels_per_rank * ranks + spec.steps * ranks * 11
     trace = d / "trace.parquet"
@@ -141,8 +168,17 @@ def _row(c: Case) -> str:
             return f"{str(p['status'])[:18]:>18}"
         return f"{p['seconds']:>8.1f}s {p['peak_rss_mb']:>7.0f}M"
 
-    return (f"{c.ranks:>5} {c.kernels:>10,} {c.events:>11,} {c.json_mb:>8.1f} {c.parquet_mb:>8.1f} {c.gen_s:>6.1f}s  "
-            f"{ph('convert')}  {ph('analyze')}  {ph('scan')}")
+    return (f"{c.ranks:>5} {c.kernels:>10,} {c.events:>11,} {c.json_mb:>8.1f} {c.rank_json_mb:>8.1f} {c.parquet_mb:>8.1f} "
+            f"{c.gen_s:>6.1f}s  {ph('convert')}  {ph('analyze')}  {ph('scan')}")
+
+
+def _ratios(c: Case, floor_mb: float) -> str:
+    p = c.phases.get("convert")
+    if not p or p["status"] != "ok" or not c.rank_json_mb:
+        return ""
+    peak = float(p["peak_rss_mb"])
+    return (f"      convert peak / largest rank's JSON: {peak / c.rank_json_mb:.2f}x; "
+            f"above the floor ({floor_mb:.0f} MB): {(peak - floor_mb) / c.rank_json_mb:.2f}x")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,7 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.rank64:
         plan.append((64, _parse_n(a.rank64)))
     print(f"host: {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB; python {sys.version.split()[0]}")
-    print(f"{'ranks':>5} {'kernels':>10} {'events':>11} {'json MB':>8} {'pq MB':>8} {'gen':>7}  "
+    fl = floor_rss(work, a.timeout)
+    floor_mb = float(fl["peak_rss_mb"])
+    print(f"floor: converting a 1-rank, 2,000-kernel capture peaks at {floor_mb:.0f} MB ({fl['seconds']} s)")
+    print(f"{'ranks':>5} {'kernels':>10} {'events':>11} {'gz MB':>8} {'rank MB':>8} {'pq MB':>8} {'gen':>7}  "
           f"{'convert':>18}  {'analyze':>18}  {'lazy scan':>18}")
     t_start = time.perf_counter()
     results: list[Case] = []
@@ -177,10 +216,11 @@ def main(argv: list[str] | None = None) -> int:
         c = run_case(ranks, kernels, work, timeout=a.timeout, keep=a.keep)
         results.append(c)
         print(_row(c), flush=True)
+        print(_ratios(c, floor_mb), flush=True)
         if any(p["status"] != "ok" for p in c.phases.values()):
             failed_ranks.add(ranks)
     if a.json:
-        Path(a.json).write_text(json.dumps([asdict(c) for c in results], indent=1))
+        Path(a.json).write_text(json.dumps({"floor": fl, "cases": [asdict(c) for c in results]}, indent=1))
     return 0
 
 
