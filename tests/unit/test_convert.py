@@ -248,3 +248,24 @@ def test_ranks_out_of_file_order_are_rewritten_in_rank_order(tmp_path: Path, mon
     assert [r["rank"] for r in meta["ranks"]] == [0, 1]
     assert as_is == [False]  # the second pass ran
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o.parquet", "rank0.json", "rank1.json"]
+
+
+def test_jobs_workers_share_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    # --jobs N: each spawned worker gets cores // N parse and polars threads, set before it imports polars
+    import multiprocessing as mp
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    from tracekit.ingest._workers import init_worker, worker_threads
+
+    assert worker_threads(10_000) == 1
+    assert worker_threads(1) == len(os.sched_getaffinity(0))
+    monkeypatch.delenv("TRACEKIT_PARSE_THREADS", raising=False)
+    monkeypatch.delenv("POLARS_MAX_THREADS", raising=False)
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"), initializer=init_worker, initargs=(1,)) as ex:
+        assert ex.submit(pl.thread_pool_size).result() == 1
+        assert ex.submit(os.getenv, "TRACEKIT_PARSE_THREADS").result() == "1"
+    monkeypatch.setenv("TRACEKIT_PARSE_THREADS", "7")  # the user's choice wins
+    monkeypatch.setenv("POLARS_MAX_THREADS", "3")
+    init_worker(1)
+    assert (os.environ["TRACEKIT_PARSE_THREADS"], os.environ["POLARS_MAX_THREADS"]) == ("7", "3")

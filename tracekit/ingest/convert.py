@@ -379,7 +379,11 @@ def convert(
         if jobs > 1 and n > 1 and in_bytes >= _PARALLEL_MIN_BYTES:
             import multiprocessing as mp
 
-            with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as ex:
+            from tracekit.ingest._workers import init_worker, worker_threads
+
+            # each worker gets its share of the cores (set before the worker imports polars)
+            with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"),
+                                     initializer=init_worker, initargs=(worker_threads(jobs),)) as ex:
                 futs = {ex.submit(convert_source, s, rules_path, part_dir, str(out)): s for s in sources}
                 for f in as_completed(futs):
                     try:

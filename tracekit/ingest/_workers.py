@@ -1,0 +1,27 @@
+"""Thread budget of ``convert --jobs N`` worker processes (imports nothing heavy: it runs before polars loads).
+
+A worker sized its parse pool and polars' thread pool to every core, so N
+workers ran N x cores threads on cores cores. :func:`init_worker` gives each
+worker ``cores // N`` threads (at least one) unless the user chose a number.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["init_worker", "worker_threads"]
+
+
+def worker_threads(jobs: int) -> int:
+    """Threads per worker when ``jobs`` workers share this host's cores."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - non-Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, jobs))
+
+
+def init_worker(threads: int) -> None:
+    """Process-pool initializer: set the parse and polars thread counts (no-op for a variable the user set)."""
+    os.environ.setdefault("TRACEKIT_PARSE_THREADS", str(threads))
+    os.environ.setdefault("POLARS_MAX_THREADS", str(threads))
