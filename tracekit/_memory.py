@@ -5,13 +5,14 @@ rank's frames). Three allocators hold freed memory back by default:
 
 * polars' jemalloc keeps freed pages for 10 s (``dirty_decay_ms``) in up to 4
   arenas per core; a conversion finishes ranks faster than that, so freed
-  frames piled up. Here: 1 s, one arena per 4 cores. Measured on 8 ranks x
-  125 k kernels / 2 ranks x 2 M kernels (1.8 GB of JSON each): 50 ms gave
-  12.9 s, 600 MB / 57.8 s, 2.51 GB; 1 s gives 11.9 s, 600 MB / 54.3 s,
-  2.72 GB (page faults: 1.1 M -> 0.55 M on the small input); 0 ms costs ~2.5 s
-  more. It reads ``_RJEM_MALLOC_CONF`` when polars loads, so
-  :func:`configure_env` runs from ``tracekit/__init__`` (before polars is
-  imported, if it is not yet) and never overrides a value the user set.
+  frames piled up. Here: 100 ms, one arena per 4 cores. Measured with the rank
+  kept in chunks (docs/scale.md), 8 ranks x 125 k kernels / 2 ranks x 500 k
+  kernels (452 MB of JSON each): 1 s gave 11.0 s, 540 MB / 12.7 s, 761 MB;
+  300 ms 11.3 s, 550 MB / 13.1 s, 708 MB; 100 ms gives 11.4 s, 539 MB /
+  13.0 s, 683 MB (1.5x the rank's JSON instead of 1.7x); 0 ms costs ~3 s more.
+  It reads ``_RJEM_MALLOC_CONF`` when polars loads, so :func:`configure_env`
+  runs from ``tracekit/__init__`` (before polars is imported, if it is not
+  yet) and never overrides a value the user set.
 * pyarrow's jemalloc pool (JSON parser, Parquet writer): decay set to 1 s at runtime
   (0 saved ~20 MB but cost ~2 s of page faults per 1M-kernel conversion).
 * glibc malloc raises its mmap threshold after large frees, so later 4 MB text
@@ -30,8 +31,8 @@ import sys
 
 __all__ = ["configure_env", "tune_runtime", "release_memory"]
 
-#: polars' jemalloc: return freed pages within ~1 s instead of 10 s
-POLARS_JEMALLOC_CONF = "dirty_decay_ms:1000,muzzy_decay_ms:0"
+#: polars' jemalloc: return freed pages within ~100 ms instead of 10 s
+POLARS_JEMALLOC_CONF = "dirty_decay_ms:100,muzzy_decay_ms:0"
 #: pyarrow's jemalloc pool: decay of freed pages (ms)
 ARROW_DECAY_MS = 1000
 _tuned = False

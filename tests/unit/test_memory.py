@@ -18,7 +18,7 @@ def test_polars_allocator_default_is_set_before_polars_loads(monkeypatch) -> Non
     from tracekit._memory import POLARS_JEMALLOC_CONF
 
     conf = _env_after_import(env)
-    assert POLARS_JEMALLOC_CONF == "dirty_decay_ms:1000,muzzy_decay_ms:0"
+    assert POLARS_JEMALLOC_CONF == "dirty_decay_ms:100,muzzy_decay_ms:0"
     assert conf.startswith(POLARS_JEMALLOC_CONF + ",narenas:")
     assert int(conf.rsplit(":", 1)[1]) >= 1
 
