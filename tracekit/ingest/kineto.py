@@ -540,12 +540,8 @@ def _stack(frames: list[pl.DataFrame]) -> pl.DataFrame:
     nulls for the others; one no frame has stays absent.
     """
     heights = [f.height for f in frames]
-    types: dict[str, pl.DataType] = {}
-    for f in frames:
-        for name, dtype in f.schema.items():
-            types.setdefault(name, dtype)
     cols = {}
-    for name, dtype in types.items():
+    for name, dtype in _union_schema(frames).items():
         cols[name] = pl.concat(
             [f.drop_in_place(name) if name in f.schema else pl.repeat(None, h, dtype=dtype, eager=True).alias(name)
              for f, h in zip(frames, heights)],
@@ -553,6 +549,15 @@ def _stack(frames: list[pl.DataFrame]) -> pl.DataFrame:
         )
     frames.clear()
     return pl.DataFrame(cols)
+
+
+def _union_schema(frames: list[pl.DataFrame]) -> dict[str, pl.DataType]:
+    """Every column any of ``frames`` has (:func:`_sparse` drops some per chunk), in first-seen order."""
+    types: dict[str, pl.DataType] = {}
+    for f in frames:
+        for name, dtype in f.schema.items():
+            types.setdefault(name, dtype)
+    return types
 
 
 def _glue(groups: list[pl.DataFrame]) -> pl.DataFrame:
@@ -566,10 +571,7 @@ def _glue(groups: list[pl.DataFrame]) -> pl.DataFrame:
     """
     if len(groups) == 1:
         return groups.pop()
-    types: dict[str, pl.DataType] = {}
-    for g in groups:
-        for name, dtype in g.schema.items():
-            types.setdefault(name, dtype)
+    types = _union_schema(groups)
     filled = []
     while groups:
         g = groups.pop(0)
