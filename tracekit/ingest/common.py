@@ -247,8 +247,8 @@ def _cpu_mode(df: pl.DataFrame) -> pl.DataFrame:
     out = attach_rows(d, u, "_row")
     hit = pl.col("_f").is_not_null()
     return out.with_columns(
-        pl.when(hit).then(pl.col("_c")).otherwise(pl.col("category").cast(pl.String)).cast(pl.Categorical).alias("category"),
-        pl.when(hit).then(pl.col("_f")).otherwise(pl.col("family").cast(pl.String)).cast(pl.Categorical).alias("family"),
+        pl.when(hit).then(pl.col("_c").cast(pl.Categorical)).otherwise(pl.col("category").cast(pl.Categorical)).alias("category"),
+        pl.when(hit).then(pl.col("_f").cast(pl.Categorical)).otherwise(pl.col("family").cast(pl.Categorical)).alias("family"),
         pl.coalesce("launch_ts_ns", "_lts").alias("launch_ts_ns"),
         pl.coalesce("launch_dur_ns", "_ldur").alias("launch_dur_ns"),
         pl.coalesce("launch_tid", "_ltid").alias("launch_tid"),
@@ -282,7 +282,7 @@ def _context_rules(df: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:
     )
     is_gpu = pl.col("kind").is_in(GPU_KINDS)
     gpu = (
-        row_index(df, "_row").lazy()
+        df.lazy().with_row_index("_row")
         .filter((is_gpu & pl.col("launch_ts_ns").is_not_null()) | _cpu_device_row())
         .select("_row", "kind", "tid", "ts_ns", "launch_tid", "launch_ts_ns", "category", "family", "name")
         .collect()
@@ -315,15 +315,16 @@ def _context_rules(df: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:
             # CPU operators (aten::mm, aten::_grouped_mm) name no kernel: their family (gemm.cpu) counts too
             by_fam = _cpu_device_row() & pl.col("family").cast(pl.String).str.contains(r.name_regex.pattern).fill_null(False)
             cond = cond & (by_name | by_fam)
-        sel = sel.filter(cond).select("_row", pl.lit(r.category).alias("_c"), pl.lit(r.id).alias("_f"))
+        sel = sel.filter(cond).select("_row", pl.lit(r.category).cast(pl.Categorical).alias("_c"),
+                                      pl.lit(r.id).cast(pl.Categorical).alias("_f"))
         new_cat.append(sel)
     if not new_cat:
         return df
     upd = pl.concat(new_cat)
     out = attach_rows(row_index(df, "_row"), upd, "_row")
     return out.with_columns(
-        pl.coalesce(pl.col("_c"), pl.col("category").cast(pl.String)).cast(pl.Categorical).alias("category"),
-        pl.coalesce(pl.col("_f"), pl.col("family").cast(pl.String)).cast(pl.Categorical).alias("family"),
+        pl.coalesce("_c", pl.col("category").cast(pl.Categorical)).alias("category"),
+        pl.coalesce("_f", pl.col("family").cast(pl.Categorical)).alias("family"),
     ).drop(["_row", "_c", "_f"])
 
 
@@ -377,10 +378,10 @@ def _collectives(df: pl.DataFrame) -> pl.DataFrame:
             d = d.with_columns([pl.coalesce(c, f"_{c}").alias(c) for c in _COLL_COLS]).drop([f"_{c}" for c in _COLL_COLS])
     # 2. lower-case names; infer the collective from the kernel name (regexes on the distinct names only)
     comm = d.lazy().filter(is_comm).select(
-        "_row", "ts_ns", NAME_CODE.alias("_code"), "coll_name",
+        "_row", "ts_ns", NAME_CODE.alias("_code"), "name", "coll_name",
         pl.coalesce(pl.col("pg_name").cast(pl.String), pl.lit("fam:") + pl.col("family").cast(pl.String)).alias("_k"),
     ).collect()
-    names = comm.select("_code").unique().join(distinct_names(d, is_comm), on="_code", how="left")
+    names = comm.select("_code", pl.col("name").cast(pl.String)).unique("_code")
     inferred = pl.lit(None, dtype=pl.String)
     for rx, cname in reversed(_COLL_FROM_NAME):
         inferred = pl.when(pl.col("name").str.contains(rx)).then(pl.lit(cname)).otherwise(inferred)
