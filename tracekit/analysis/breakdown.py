@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from tracekit.analysis.intervals import clip
+from tracekit.analysis.intervals import intersect
 from tracekit.analysis.window import Window, cpu_mode_ranks, device_op_expr
 
 __all__ = ["PRIORITY", "SPLIT_PRIORITY", "Breakdown", "compute_breakdown", "breakdown_finish", "top_kernels", "uncategorized_top",
@@ -65,9 +65,7 @@ def _bounds(ops: pl.DataFrame, window: Window) -> pl.DataFrame:
     ext = ext.sort("rank")
     if window.spans:
         sp = pl.DataFrame({"s_lo": [a for a, _ in window.spans], "s_hi": [b for _, b in window.spans]}, schema={"s_lo": pl.Int64, "s_hi": pl.Int64})
-        ext = ext.join(sp, how="cross").with_columns(
-            pl.max_horizontal("lo", "s_lo").alias("lo"), pl.min_horizontal("hi", "s_hi").alias("hi")
-        ).filter(pl.col("hi") > pl.col("lo")).drop(["s_lo", "s_hi"]).sort(["rank", "lo"])
+        ext = intersect(ext, sp, start="lo", end="hi", span_start="s_lo", span_end="s_hi").drop(["s_lo", "s_hi"]).sort(["rank", "lo"])
     return ext
 
 
@@ -108,8 +106,7 @@ def compute_breakdown(
             ]
         )
         buckets = SPLIT_PRIORITY
-    iv = iv.join(bounds, on="rank", how="inner")  # one row per (op, span) with several spans
-    iv = clip(iv, pl.col("lo"), pl.col("hi")).select("rank", "start", "end", "bucket")
+    iv = intersect(iv, bounds, by="rank").select("rank", "start", "end", "bucket")  # one piece per (op, span) it meets
     prio = {b: i for i, b in enumerate(buckets)}
     iv = iv.with_columns(pl.col("bucket").replace_strict(prio, default=len(buckets) - 1, return_dtype=pl.Int32).alias("_p"))
     cum = _cumulative_unions(iv, len(buckets))

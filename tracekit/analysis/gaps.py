@@ -199,7 +199,7 @@ def idle_causes(
             pl.col("name").alias("next_name"),
             (pl.lit("late rank ") + pl.col("late_rank").cast(pl.String)).alias("detail"),
         )
-        w = iv.clip(w.join(bounds, on="rank", how="inner"), pl.col("lo"), pl.col("hi"), start="start_ns", end="end_ns").drop(["lo", "hi"])
+        w = iv.intersect(w, bounds, by="rank", start="start_ns", end="end_ns").drop(["lo", "hi"])
         w = w.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("dur_ns"))
         gaps = pl.concat([gaps, w.select(gaps.columns)], how="vertical_relaxed")
     gaps = gaps.sort(["rank", "start_ns"], maintain_order=True)
@@ -227,7 +227,6 @@ def restrict_to_spans(idle: IdleCauses, spans: Any, *, top_n: int = 10) -> IdleC
     if not spans or idle.gaps.height == 0:
         return idle
     sp = pl.DataFrame({"lo": [int(a) for a, _ in spans], "hi": [int(b) for _, b in spans]})
-    g = idle.gaps.join(sp, how="cross")
-    g = iv.clip(g, pl.col("lo"), pl.col("hi"), start="start_ns", end="end_ns").drop(["lo", "hi"])
+    g = iv.intersect(idle.gaps, sp, start="start_ns", end="end_ns").drop(["lo", "hi"])
     g = g.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("dur_ns")).sort(["rank", "start_ns"], maintain_order=True)
     return IdleCauses(g, _totals(g), _largest(g, top_n))

@@ -2,6 +2,15 @@
 
 All functions take frames with integer ``start``/``end`` columns (names
 configurable) and optional grouping columns ``by``; none loops per event.
+
+Overlaps between two sets of intervals go through :func:`overlap_index`
+(and its wrappers :func:`overlap_join` and :func:`intersect`): sort, then
+search. A pair overlaps when ``r.start < l.end and r.end > l.start``; every
+such pair has either the right start inside ``[l.start, l.end)`` or the left
+start strictly inside ``(r.start, r.end)``, and each of those sets is one
+contiguous run of a sorted column, found with a forward ``join_asof``. The cost
+is ``O((n + m) log(n + m) + pairs)``: never the ``n x m`` of a join on the group
+key followed by a time filter.
 """
 
 from __future__ import annotations
@@ -10,7 +19,7 @@ from typing import Sequence
 
 import polars as pl
 
-__all__ = ["merge", "union_length", "clip", "gaps", "overlap_length", "covered_by"]
+__all__ = ["merge", "union_length", "clip", "gaps", "overlap_length", "covered_by", "overlap_index", "overlap_join", "intersect"]
 
 
 def _by(by: str | Sequence[str] | None) -> list[str]:
@@ -74,8 +83,8 @@ def gaps(
     """Complement of the union inside a window: the idle gaps.
 
     The window is ``[lo, hi)`` for all groups, or per group from ``bounds``
-    (columns ``by..., lo, hi``). Groups with no interval are one whole gap only
-    when they appear in ``bounds``.
+    (columns ``by..., lo, hi``; several rows of a group are several windows).
+    Windows with no interval are one whole gap.
     """
     keys = _by(by)
     m = merge(df, by=keys, start=start, end=end)
@@ -86,33 +95,21 @@ def gaps(
             bounds = m.select(keys).unique().with_columns(pl.lit(lo).alias("lo"), pl.lit(hi).alias("hi"))
         else:
             bounds = pl.DataFrame({"lo": [lo], "hi": [hi]})
-    if keys:
-        m = m.join(bounds, on=keys, how="inner")
-    else:
-        m = m.join(bounds, how="cross")
-    m = clip(m, pl.col("lo"), pl.col("hi"), start=start, end=end)
-    nxt = pl.col(start).shift(-1)
-    prv = pl.col(end).shift(1)
-    if keys:
-        nxt, prv = nxt.over(keys), prv.over(keys)
+    bounds = bounds.select(keys + ["lo", "hi"]).with_row_index("_sp")
+    gk = keys + ["_sp"]  # each window of a group on its own (a group may have several)
+    m = intersect(m, bounds, by=keys, start=start, end=end).sort(gk + [start])
+    prv = pl.col(end).shift(1).over(gk)
     inner = m.with_columns(prv.alias("_ps")).select(
-        keys + [pl.coalesce(pl.col("_ps"), pl.col("lo")).alias("start"), pl.col(start).alias("end")]
+        gk + [pl.coalesce(pl.col("_ps"), pl.col("lo")).alias("start"), pl.col(start).alias("end")]
     )
-    last = m.group_by(keys, maintain_order=True).agg(pl.col(end).max().alias("start"), pl.col("hi").first().alias("end")) if keys else (
-        m.select(pl.col(end).max().alias("start"), pl.col("hi").first().alias("end")) if m.height else pl.DataFrame()
-    )
-    parts = [inner]
-    if last.height:
-        parts.append(last.select(keys + ["start", "end"]))
-    # groups in bounds with no intervals at all
-    if keys:
-        empty = bounds.join(m.select(keys).unique(), on=keys, how="anti").select(keys + [pl.col("lo").alias("start"), pl.col("hi").alias("end")])
-    else:
-        empty = bounds.select(pl.col("lo").alias("start"), pl.col("hi").alias("end")) if m.height == 0 else pl.DataFrame()
-    if empty.height:
-        parts.append(empty)
-    out = pl.concat([p.cast({"start": pl.Int64, "end": pl.Int64}) for p in parts], how="vertical_relaxed")
-    return out.filter(pl.col("end") > pl.col("start")).sort(keys + ["start"])
+    last = m.group_by(gk, maintain_order=True).agg(pl.col(end).max().alias("start"), pl.col("hi").first().alias("end"))
+    # windows with no interval at all are one whole gap
+    empty = bounds.join(m.select(gk).unique(), on=gk, how="anti").select(gk + [pl.col("lo").alias("start"), pl.col("hi").alias("end")])
+    parts = [p.select(gk + ["start", "end"]).cast({"start": pl.Int64, "end": pl.Int64}) for p in (inner, last, empty) if p.height]
+    if not parts:
+        return pl.DataFrame(schema={**{k: bounds.schema[k] for k in keys}, "start": pl.Int64, "end": pl.Int64})
+    out = pl.concat(parts, how="vertical_relaxed")
+    return out.filter(pl.col("end") > pl.col("start")).sort(keys + ["start"]).select(keys + ["start", "end"])
 
 
 def overlap_length(
@@ -181,3 +178,117 @@ def _enclosing(pts: pl.DataFrame, iv: pl.DataFrame, keys: list[str], at: str) ->
     p = p.sort(keys + [at]).join_asof(open_at, left_on=at, right_on="__tev", by=keys + ["_depth"],
                                      strategy="backward", check_sortedness=False).drop(["__tev", "_depth"])
     return p.join(iv.drop(keys), on="_id", how="left").drop("_id")
+
+
+def _first_at_or_after(
+    sorted_t: pl.DataFrame, queries: pl.DataFrame, keys: list[str], q: str, *, strict: bool
+) -> pl.Series:
+    """Global row position in ``sorted_t`` (columns ``keys, _t, _pos``; sorted by keys then ``_t``,
+    ``_pos`` its row number) of the first row of the query's group with ``_t >= q`` (``> q`` when
+    ``strict``); the group's end when none, ``0`` when the group is absent. One value per query row, in order."""
+    qq = queries.select(keys + [pl.col(q).alias("_q")]).with_row_index("_qi").sort(keys + ["_q"])
+    j = qq.join_asof(sorted_t.select(keys + ["_t", "_pos"]), left_on="_q", right_on="_t", by=keys or None,
+                     strategy="forward", allow_exact_matches=not strict, check_sortedness=False)
+    if keys:
+        ends = sorted_t.group_by(keys).agg((pl.col("_pos").max() + 1).alias("_end"))
+        j = _frames_lookup(j, ends, keys)
+        pos = pl.coalesce(pl.col("_pos"), pl.col("_end"), pl.lit(0, pl.UInt32))
+    else:
+        pos = pl.coalesce(pl.col("_pos"), pl.lit(sorted_t.height, pl.UInt32))
+    return j.sort("_qi").select(pos.cast(pl.Int64).alias("_p")).to_series()
+
+
+def _frames_lookup(df: pl.DataFrame, small: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """Equality lookup of a per-group table (one row per group): no time condition, no fan-out."""
+    return df.join(small, on=keys, how="left", maintain_order="left")
+
+
+def _expand(lo: pl.Series, hi: pl.Series, other: str, this: str) -> pl.DataFrame:
+    """Rows ``(this=i, other=p)`` for every ``p`` in ``[lo[i], hi[i])``."""
+    d = pl.DataFrame({"_lo": lo, "_hi": hi}).with_row_index(this).filter(pl.col("_hi") > pl.col("_lo"))
+    return d.select(this, pl.int_ranges("_lo", "_hi", dtype=pl.Int64).alias(other)).explode(other)
+
+
+def overlap_index(
+    left: pl.DataFrame,
+    right: pl.DataFrame,
+    *,
+    by: str | Sequence[str] | None = None,
+    start: str = "start",
+    end: str = "end",
+    right_start: str | None = None,
+    right_end: str | None = None,
+) -> pl.DataFrame:
+    """Row numbers ``left_idx, right_idx`` (UInt32) of every overlapping pair with equal ``by`` keys.
+
+    Overlap: ``right.start < left.end and right.end > left.start`` (half-open; a zero-length
+    interval overlaps one that strictly contains it). Rows sorted by ``left_idx, right_idx``.
+    Cost ``O((n + m) log(n + m) + pairs)`` (module doc); nulls in a bound match nothing.
+    """
+    keys = _by(by)
+    rs, re_ = right_start or start, right_end or end
+    out_schema = {"left_idx": pl.UInt32, "right_idx": pl.UInt32}
+    if left.height == 0 or right.height == 0:
+        return pl.DataFrame(schema=out_schema)
+    lf = left.select(keys + [pl.col(start).alias("_s"), pl.col(end).alias("_e")]).with_row_index("_orig")
+    rf = right.select(keys + [pl.col(rs).alias("_s"), pl.col(re_).alias("_e")]).with_row_index("_orig")
+    if keys:  # a common type per key column, so both sides group alike
+        rf = rf.cast({k: lf.schema[k] for k in keys})
+    lf = lf.drop_nulls(["_s", "_e"])
+    rf = rf.drop_nulls(["_s", "_e"])
+    # (1) right starts inside [l.s, l.e): a run of the right frame sorted by start
+    rsort = rf.sort(keys + ["_s"]).with_row_index("_pos").with_columns(pl.col("_s").alias("_t"))
+    lo = _first_at_or_after(rsort, lf, keys, "_s", strict=False)
+    hi = _first_at_or_after(rsort, lf, keys, "_e", strict=False)
+    a = _expand(lo, hi, "_rp", "_li")
+    a = a.with_columns(lf.get_column("_orig").gather(a.get_column("_li")).alias("left_idx"),
+                       rsort.get_column("_orig").gather(a.get_column("_rp")).alias("right_idx"),
+                       rsort.get_column("_e").gather(a.get_column("_rp")).alias("_re"),
+                       lf.get_column("_s").gather(a.get_column("_li")).alias("_ls"))
+    a = a.filter(pl.col("_re") > pl.col("_ls")).select("left_idx", "right_idx")
+    # (2) left starts strictly inside (r.s, r.e): a run of the left frame sorted by start
+    lsort = lf.sort(keys + ["_s"]).with_row_index("_pos").with_columns(pl.col("_s").alias("_t"))
+    lo2 = _first_at_or_after(lsort, rf, keys, "_s", strict=True)
+    hi2 = _first_at_or_after(lsort, rf, keys, "_e", strict=False)
+    b = _expand(lo2, hi2, "_lp", "_ri")
+    b = b.select(lsort.get_column("_orig").gather(b.get_column("_lp")).alias("left_idx"),
+                 rf.get_column("_orig").gather(b.get_column("_ri")).alias("right_idx"))
+    return pl.concat([a, b]).cast(out_schema).sort(["left_idx", "right_idx"])
+
+
+def overlap_join(
+    left: pl.DataFrame,
+    right: pl.DataFrame,
+    *,
+    by: str | Sequence[str] | None = None,
+    start: str = "start",
+    end: str = "end",
+    right_start: str | None = None,
+    right_end: str | None = None,
+    suffix: str = "_right",
+) -> pl.DataFrame:
+    """One row per overlapping pair (see :func:`overlap_index`): the left row's columns, then the
+    right row's (``by`` keys once; other clashing names get ``suffix``)."""
+    keys = _by(by)
+    ix = overlap_index(left, right, by=keys, start=start, end=end, right_start=right_start, right_end=right_end)
+    lcols = set(left.columns)
+    r = right.drop(keys).rename({c: c + suffix for c in right.columns if c in lcols and c not in keys})
+    return pl.concat([left[ix.get_column("left_idx")], r[ix.get_column("right_idx")]], how="horizontal")
+
+
+def intersect(
+    df: pl.DataFrame,
+    spans: pl.DataFrame,
+    *,
+    by: str | Sequence[str] | None = None,
+    start: str = "start",
+    end: str = "end",
+    span_start: str = "lo",
+    span_end: str = "hi",
+) -> pl.DataFrame:
+    """``df``'s intervals cut to each span of ``spans`` they overlap (same ``by`` keys), with the span's
+    other columns attached; pieces left empty are dropped. An interval inside several spans
+    becomes one piece per span."""
+    keys = _by(by)
+    j = overlap_join(df, spans, by=keys, start=start, end=end, right_start=span_start, right_end=span_end)
+    return clip(j, pl.col(span_start), pl.col(span_end), start=start, end=end)

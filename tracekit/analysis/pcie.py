@@ -120,10 +120,8 @@ def _during(phases: pl.DataFrame, df: pl.DataFrame, top: int = 3) -> pl.DataFram
         return phases.with_columns(pl.lit(None, pl.List(pl.String)).alias("during"))
     ops = gpu_ops(df, ["name"]).select("rank", "start", "end", pl.col("name").cast(pl.String).alias("op"))
     p = phases.with_row_index("_pid")
-    j = p.select("_pid", "rank", "start_ns", (pl.col("start_ns") + pl.col("dur_ns")).alias("end_ns")).join(ops, on="rank").filter(
-        (pl.col("start") < pl.col("end_ns")) & (pl.col("end") > pl.col("start_ns"))
-    )
-    j = iv.clip(j, pl.col("start_ns"), pl.col("end_ns"))
+    ph = p.select("_pid", "rank", "start_ns", (pl.col("start_ns") + pl.col("dur_ns")).alias("end_ns"))
+    j = iv.intersect(ops, ph, by="rank", span_start="start_ns", span_end="end_ns")
     top_ops = (
         j.group_by(["_pid", "op"]).agg((pl.col("end") - pl.col("start")).sum().alias("ov"))
         .sort(["_pid", "ov", "op"], descending=[False, True, False])
