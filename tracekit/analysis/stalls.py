@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from tracekit.analysis import intervals as iv
 from tracekit.analysis.gaps import asof, busy_before, gpu_ops, sync_calls
 
 __all__ = ["detect_stalls", "stall_summary", "lost_by_rank", "STALL_CAUSES", "MIN_WAIT_NS", "MIN_REL_STEP",
@@ -131,11 +132,6 @@ def stall_plan(
     return StallPlan(cand, li, pts, idle_frac, tol_ns)
 
 
-#: the heaviest-kernel lookup joins a rank's stall windows with its kernels; skipped for a rank
-#: when that join would exceed this many rows (memory bound)
-HEAVY_JOIN_MAX_ROWS = 50_000_000
-
-
 def stall_part(plan: StallPlan, df: pl.DataFrame) -> StallPart:
     """The per-rank half of :func:`detect_stalls` for the ranks present in ``df`` (one rank's rows, or a whole frame)."""
     ops = gpu_ops(df, ["kind", "name"])
@@ -155,19 +151,16 @@ def stall_part(plan: StallPlan, df: pl.DataFrame) -> StallPart:
     stalled = plan.cand.select("pg", "seq").unique()
     win = li.filter(pl.col("skew") > 0).join(stalled, on=["pg", "seq"], how="semi").select(
         "pg", "seq", "late_rank", pl.coalesce(pl.col("p_late"), pl.col("t_first") - pl.col("skew")).alias("w0"), "t_late")
-    heavy_parts = [pl.DataFrame(schema={"pg": pl.String, "seq": pl.Int64, "k_name": pl.String})]
-    for (r,), w in win.group_by("late_rank", maintain_order=True):
-        ok_r = ok.filter(pl.col("late_rank") == r)
-        if w.height * ok_r.height >= HEAVY_JOIN_MAX_ROWS:
-            continue
-        heavy_parts.append(
-            w.join(ok_r, on="late_rank", how="inner")
-            .filter((pl.col("start") < pl.col("t_late")) & (pl.col("end") > pl.col("w0")) & (pl.col("start") >= pl.col("w0") - 1_000_000_000))
-            .with_columns((pl.min_horizontal("end", "t_late") - pl.max_horizontal("start", "w0")).alias("ov"))
-            .group_by(["pg", "seq", "k_name"]).agg(pl.col("ov").sum())
-            .sort(["ov", "k_name"], descending=[True, False]).unique(["pg", "seq"], keep="first", maintain_order=True)
-            .select("pg", "seq", "k_name")
-        )
+    # kernels overlapping each window [w0, t_late) of their rank: the interval primitive, no rank-wide join
+    pairs = iv.overlap_join(win, ok, by="late_rank", start="w0", end="t_late", right_start="start", right_end="end")
+    heavy = (
+        pairs.filter(pl.col("start") >= pl.col("w0") - 1_000_000_000)
+        .with_columns((pl.min_horizontal("end", "t_late") - pl.max_horizontal("start", "w0")).alias("ov"))
+        .group_by(["pg", "seq", "k_name"]).agg(pl.col("ov").sum())
+        .sort(["ov", "k_name"], descending=[True, False]).unique(["pg", "seq"], keep="first", maintain_order=True)
+        .select("pg", "seq", "k_name")
+    )
+    heavy_parts = [pl.DataFrame(schema={"pg": pl.String, "seq": pl.Int64, "k_name": pl.String}), heavy]
     return StallPart(busy, sync, pl.concat(heavy_parts, how="vertical_relaxed"))
 
 
