@@ -36,8 +36,10 @@ def test_between_steps_and_peer_wait():
     ic = idle_causes(df, m)
     # 2 inter-step gaps of 3 µs tail + 500 µs + 30 µs launch lead
     assert _tot(ic, 0, "between_steps") == 2 * (3_000 + 500_000 + 30_000)
-    # rank 1 idles the injected 1 ms more before step 2
-    assert _tot(ic, 1, "between_steps") == _tot(ic, 0, "between_steps") + 1_000_000
+    # rank 1 idles the injected 1 ms more before step 2; its host slept (no call for > 1 ms): host idle, not scheduler work
+    assert _tot(ic, 1, "between_steps") + _tot(ic, 1, "host_idle") == _tot(ic, 0, "between_steps") + 1_000_000
+    assert _tot(ic, 1, "host_idle") >= 1_000_000 and _tot(ic, 0, "host_idle") == 0
+    assert _tot(ic, 1, "launch_bound") == 0
     # rank 0 waits in the collective for rank 1 in steps 0 and 2
     assert _tot(ic, 0, "waiting_on_peer") == 2 * 1_000_000
     top = ic.largest.filter(pl.col("rank") == 0).row(0, named=True)

@@ -49,11 +49,13 @@ _CPU_WORDS = {
     "cpu_launch_gap": "its forward thread was busy elsewhere or sleeping (no operator, no readback)",
     "launch_bound": "in host overhead between operators (Python, dispatcher)",
     "host_sync": "around host readbacks (.item(), .tolist())",
+    "host_idle": "with its forward thread inactive (no operator for ≥ 1 ms: sleep, waiting for input)",
 }
 _IDLE_WORDS = {
     "between_steps": "between forward steps (scheduler/host)",
     "host_sync": "after host syncs",
-    "launch_bound": "waiting for kernel launches (launch-bound)",
+    "launch_bound": "waiting for kernel launches (launch-bound: the host thread was busy issuing work)",
+    "host_idle": "while the launching thread was inactive (no host call for ≥ 1 ms: sleep, waiting for input, untraced Python)",
     "other": "on queued work (dependencies)",
 }
 
@@ -217,11 +219,14 @@ def cross_rank_plan(
 _INST_KEEP = ["rank", "name", "step_id", "arrival_ns", "end_ns", "wait_ns", "transfer_ns", "late_rank", "bus_bw_bytes_per_s"]
 
 
-def cross_rank_part(df: pl.DataFrame, plan: CrossRankPlan, *, ranks: list[int] | None = None) -> CrossRankPart:
+def cross_rank_part(df: pl.DataFrame, plan: CrossRankPlan, *, ranks: list[int] | None = None,
+                    host: pl.DataFrame | None = None) -> CrossRankPart:
     """Per-rank analyses (stall inputs, idle causes, PCIe, power, steps, kernel efficiency) of the ranks in ``df``.
 
     ``df``: one rank's rows (then ``ranks=[r]`` narrows the instance table to it) or a whole frame
     (``ranks=None``), in the input's time base; the plan's clock offsets and window are applied here.
+    ``host``: :func:`tracekit.analysis.gaps.host_activity` of the ranks (input time base) when ``df``
+    does not hold every host row (a projected scan); default: from ``df``.
     """
     lo, hi, meta = plan.lo, plan.hi, plan.meta
     adf = apply_offsets(df, plan.align.offsets_ns) if plan.align.applied else df
@@ -230,7 +235,11 @@ def cross_rank_part(df: pl.DataFrame, plan: CrossRankPlan, *, ranks: list[int] |
     inst = plan.rank_instances(ranks)
     stalls = stall_part(plan.stalls, wdf) if plan.stalls is not None else None
     window = (lo, hi) if lo is not None and hi is not None else None
-    idle = idle_causes(wdf, inst, window=window)
+    if host is not None and plan.align.applied and host.height:
+        off = {int(k): int(v) for k, v in plan.align.offsets_ns.items()}
+        sh = pl.col("rank").replace_strict(off, default=0, return_dtype=pl.Int64)
+        host = host.with_columns(pl.col("start") + sh, pl.col("end") + sh)
+    idle = idle_causes(wdf, inst, window=window, host=host)
     observed = None
     spans = plan.spans
     if spans:  # windowed capture: time between profiler windows was not recorded

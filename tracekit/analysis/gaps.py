@@ -18,6 +18,17 @@ collective (docs/cpu_mode.md). Causes, first match wins:
 ``other``
     the next op was already queued: cross-stream or event dependencies,
     copy-engine waits, unknown launch times.
+``host_idle``
+    carved out of ``between_steps``, ``host_sync`` and ``launch_bound`` gaps: the part
+    of the gap in which the launching thread made no traced call (no CPU operator, no runtime
+    call) for at least ``host_idle_min_ns`` (default 1 ms) — ``time.sleep``,
+    waiting for input or a peer's message, untraced Python. Needs host rows of
+    that thread (:func:`host_activity`); without them the gap keeps its cause.
+    A host that sleeps is therefore never counted as launch-bound.
+
+Evidence per cause (``detail``): the sync call's name (``host_sync``), the launch
+call's delay after the GPU drained (``launch_bound``), the stretch without any
+host call on the launching thread (``host_idle``).
 
 ``waiting_on_peer`` is not GPU idle: it is the wait part of collective kernels
 (the kernel spins until the last rank arrives), added from the matched instances
@@ -35,7 +46,7 @@ from tracekit.analysis import intervals as iv
 from tracekit.analysis.window import cpu_mode_ranks, device_op_expr
 from tracekit.schema import GPU_OP_KINDS
 
-__all__ = ["IdleCauses", "idle_causes", "gpu_ops", "sync_calls", "busy_before", "asof", "SYNC_REGEX", "IDLE_CAUSES", "CPU_SYNC_FAMILY"]
+__all__ = ["IdleCauses", "idle_causes", "host_activity", "gpu_ops", "sync_calls", "busy_before", "asof", "SYNC_REGEX", "IDLE_CAUSES", "CPU_SYNC_FAMILY"]
 
 #: blocking host calls (version suffixes like ``_v3020`` allowed)
 SYNC_REGEX = (
@@ -43,7 +54,13 @@ SYNC_REGEX = (
     r"|cudaMemcpy(2D|3D|ToSymbol|FromSymbol)?|cuMemcpy(DtoH|HtoD|DtoD|2D|3D)?(_v2)?"
     r"|hip(Stream|Device|Event)Synchronize|hipMemcpy)(_v\d+)?$"
 )
-IDLE_CAUSES = ("between_steps", "host_sync", "launch_bound", "other", "waiting_on_peer")
+IDLE_CAUSES = ("between_steps", "host_sync", "launch_bound", "host_idle", "other", "waiting_on_peer")
+#: a stretch of at least this long with no traced host call on the launching thread is host idle
+HOST_IDLE_MIN_NS = 1_000_000
+#: host rows (on the launching thread) whose time counts as the host being active
+HOST_KINDS = ("cpu_op", "runtime")
+#: ``tid`` of the rank-wide host activity (used when a GPU op's launching thread is unknown)
+ANY_TID = -(2**62)
 #: CPU mode: family of the top-level host readbacks on the forward thread (docs/cpu_mode.md)
 CPU_SYNC_FAMILY = "host_sync.cpu"
 
@@ -97,6 +114,40 @@ def sync_calls(df: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def host_activity(src: pl.DataFrame | pl.LazyFrame, *, min_idle_ns: int = HOST_IDLE_MIN_NS) -> pl.DataFrame:
+    """Host activity per (rank, tid): CPU operator and runtime call intervals merged across
+    stretches shorter than ``min_idle_ns``, so what remains between two intervals is a stretch
+    of at least ``min_idle_ns`` with no traced call. One more set per rank with ``tid`` =
+    :data:`ANY_TID` (all threads) for GPU ops whose launching thread is unknown.
+
+    ``src``: a frame or a lazy scan (only ``rank, kind, tid, ts_ns, dur_ns`` are read, so a
+    trace's launch calls need not be in memory all at once). Columns ``rank, tid, start, end``.
+    """
+    lf = src.lazy() if isinstance(src, pl.DataFrame) else src
+    rows = lf.filter(pl.col("kind").cast(pl.String).is_in(list(HOST_KINDS)) & (pl.col("dur_ns") >= 0)).select(
+        pl.col("rank").cast(pl.Int64), pl.col("tid").cast(pl.Int64).fill_null(ANY_TID), pl.col("ts_ns").alias("start"),
+        (pl.col("ts_ns") + pl.col("dur_ns") + min_idle_ns).alias("end"))
+    both = pl.concat([rows, rows.with_columns(pl.lit(ANY_TID, dtype=pl.Int64).alias("tid"))]).collect()
+    both = both.unique(maintain_order=False)
+    m = iv.merge(both, by=["rank", "tid"])
+    return m.with_columns((pl.col("end") - min_idle_ns).alias("end"))
+
+
+def _coverage(host: pl.DataFrame, pts: pl.DataFrame, a: str, b: str) -> pl.DataFrame:
+    """Add ``host_cov``: length of ``[a, b)`` covered by ``host`` (disjoint, sorted per rank, tid) on the point's (rank, tid)."""
+    keys = ["rank", "tid"]
+    m = host.with_columns((pl.col("end") - pl.col("start")).cum_sum().over(keys).alias("_cum")).with_columns(
+        (pl.col("_cum") - (pl.col("end") - pl.col("start"))).alias("_before")).select(
+        *keys, pl.col("start").alias("_ms"), pl.col("end").alias("_me"), "_before")
+    out = pts.with_row_index("_pi")
+    for col, tag in ((a, "_ca"), (b, "_cb")):
+        j = out.select("_pi", *keys, col).sort(col).join_asof(m.sort("_ms"), left_on=col, right_on="_ms", by=keys,
+                                                              check_sortedness=False)
+        inside = (pl.min_horizontal(pl.col(col), pl.col("_me")) - pl.col("_ms")).clip(lower_bound=0)
+        out = out.join(j.select("_pi", (pl.col("_before") + inside).fill_null(0).alias(tag)), on="_pi", how="left")
+    return out.with_columns((pl.col("_cb") - pl.col("_ca")).alias("host_cov")).sort("_pi").drop(["_pi", "_ca", "_cb"])
+
+
 @dataclass
 class IdleCauses:
     """``gaps``: every gap (rank, start_ns, end_ns, dur_ns, cause, step_id, next_name, detail);
@@ -136,10 +187,12 @@ def idle_causes(
     tol_ns: int = 20_000,
     min_gap_ns: int = 0,
     top_n: int = 10,
+    host: pl.DataFrame | None = None,
 ) -> IdleCauses:
     """Idle gaps per rank with their cause (module doc). ``window`` defaults to each rank's
-    first GPU op start → last GPU op end; gaps shorter than ``min_gap_ns`` are dropped."""
-    ops = gpu_ops(df, ["step_id", "name", "kind", "launch_ts_ns", "launch_dur_ns"])
+    first GPU op start → last GPU op end; gaps shorter than ``min_gap_ns`` are dropped.
+    ``host``: :func:`host_activity` of the ranks (default: computed from ``df``'s own host rows)."""
+    ops = gpu_ops(df, ["step_id", "name", "kind", "launch_ts_ns", "launch_dur_ns", "tid", "launch_tid"])
     schema = {"rank": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "dur_ns": pl.Int64, "cause": pl.String,
               "step_id": pl.Int64, "next_name": pl.String, "detail": pl.String}
     if ops.height == 0:
@@ -156,6 +209,9 @@ def idle_causes(
         # CPU mode: an operator runs when it is issued, so its start is its "launch end"
         pl.coalesce(pl.col("launch_ts_ns") + pl.col("launch_dur_ns").fill_null(0),
                     pl.when(~pl.col("kind").cast(pl.String).is_in(list(GPU_OP_KINDS))).then(pl.col("start"))).alias("n_launch_end"),
+        # the thread that issued it (CPU mode: the operator's own thread)
+        pl.coalesce(pl.col("launch_tid"), pl.when(~pl.col("kind").cast(pl.String).is_in(list(GPU_OP_KINDS))).then(pl.col("tid")))
+        .cast(pl.Int64).fill_null(ANY_TID).alias("tid"),
     ).sort(["rank", "n_start"])
     g = asof(g, prev, "start", "p_end", "rank")
     g = asof(g, nxt, "end", "n_start", "rank", "forward")
@@ -186,8 +242,13 @@ def idle_causes(
         "cause",
         pl.coalesce(pl.col("n_step"), pl.col("p_step")).cast(pl.Int64).alias("step_id"),
         "next_name",
-        pl.when(pl.col("cause") == "host_sync").then(pl.col("s_name")).otherwise(None).alias("detail"),
+        pl.when(pl.col("cause") == "host_sync").then(pl.col("s_name"))
+        .when(pl.col("cause") == "launch_bound").then(
+            pl.lit("launched ") + ((pl.col("n_launch_end") - pl.col("start")) // 1000).cast(pl.String) + pl.lit(" µs after the GPU drained"))
+        .otherwise(None).alias("detail"),
+        pl.col("tid").fill_null(ANY_TID),
     )
+    gaps = _carve_host_idle(gaps, host if host is not None else host_activity(df))
     if instances is not None and instances.height:
         w = instances.filter(pl.col("wait_ns") > 0).select(
             pl.col("rank").cast(pl.Int64),
@@ -204,6 +265,26 @@ def idle_causes(
         gaps = pl.concat([gaps, w.select(gaps.columns)], how="vertical_relaxed")
     gaps = gaps.sort(["rank", "start_ns"], maintain_order=True)
     return IdleCauses(gaps, _totals(gaps), _largest(gaps, top_n))
+
+
+def _carve_host_idle(gaps: pl.DataFrame, host: pl.DataFrame) -> pl.DataFrame:
+    """Split ``between_steps``/``host_sync``/``launch_bound`` gaps: the part not covered by the launching thread's
+    activity becomes a ``host_idle`` row (same start/end, its own ``dur_ns``); the rest keeps the cause.
+    Threads (or ranks) without any host row keep the whole gap (no evidence either way)."""
+    cols = [c for c in gaps.columns if c != "tid"]
+    if host.height == 0 or gaps.height == 0:
+        return gaps.select(cols)
+    known = host.select("rank", "tid").unique().with_columns(pl.lit(True).alias("_known"))
+    g = gaps.join(known, on=["rank", "tid"], how="left").with_columns(pl.col("_known").fill_null(False))
+    g = _coverage(host, g.rename({"start_ns": "a", "end_ns": "b"}), "a", "b").rename({"a": "start_ns", "b": "end_ns"})
+    split = pl.col("cause").is_in(["between_steps", "host_sync", "launch_bound"]) & pl.col("_known")
+    idle = (pl.col("dur_ns") - pl.col("host_cov")).clip(lower_bound=0)
+    g = g.with_columns(pl.when(split).then(idle).otherwise(0).alias("_idle"))
+    kept = g.with_columns((pl.col("dur_ns") - pl.col("_idle")).alias("dur_ns")).filter(pl.col("dur_ns") > 0)
+    carved = g.filter(pl.col("_idle") > 0).with_columns(
+        pl.col("_idle").alias("dur_ns"), pl.lit("host_idle").alias("cause"),
+        (pl.lit("no host call on the launching thread for ") + (pl.col("_idle") // 1000).cast(pl.String) + pl.lit(" µs")).alias("detail"))
+    return pl.concat([kept.select(cols), carved.select(cols)], how="vertical_relaxed").sort(["rank", "start_ns"], maintain_order=True)
 
 
 def _totals(gaps: pl.DataFrame) -> pl.DataFrame:

@@ -37,7 +37,7 @@ import polars as pl
 from tracekit._errors import InputError, QualityLog
 from tracekit.analysis.breakdown import (breakdown_finish, compute_breakdown, kernel_totals, merge_kernel_totals, top_kernels,
                                          uncategorized_top)
-from tracekit.analysis.gaps import SYNC_REGEX
+from tracekit.analysis.gaps import SYNC_REGEX, host_activity
 from tracekit.analysis.window import Window, parse_time_range, select_window, trace_overview
 
 __all__ = ["ANALYSIS_COLUMNS", "analysis_rows_expr", "FrameSource", "ScanSource", "run_analysis", "ANALYSIS_VERSION"]
@@ -87,6 +87,10 @@ class FrameSource:
     def parts(self, ranks: list[int]) -> Iterator[tuple[list[int] | None, pl.DataFrame]]:
         yield None, self.df
 
+    def host(self, ranks: list[int] | None) -> pl.DataFrame:
+        """Host activity (:func:`tracekit.analysis.gaps.host_activity`) of ``ranks`` (all when None)."""
+        return host_activity(ranks_filter(self.df.lazy(), ranks))
+
 
 class ScanSource:
     """A ``trace.parquet`` read lazily; :meth:`parts` yields one rank's projected rows at a time."""
@@ -107,6 +111,13 @@ class ScanSource:
             names = _collect(one.filter(pl.col("kind") == "runtime").select(pl.col("name").unique()), self.path, rank=r)
             sync = names.filter(pl.col("name").cast(pl.String).str.contains(SYNC_REGEX))["name"].cast(pl.String).to_list()
             yield [r], _collect(one.filter(analysis_rows_expr(sync)).select(ANALYSIS_COLUMNS), self.path, rank=r)
+
+    def host(self, ranks: list[int] | None) -> pl.DataFrame:
+        """Host activity of ``ranks`` from a lazy scan of five columns (launch calls are not in the part)."""
+        try:
+            return host_activity(ranks_filter(self.lf, ranks))
+        except Exception as e:  # noqa: BLE001
+            raise InputError(f"{self.path}: unreadable trace data ({type(e).__name__}: {e}); re-convert the source") from None
 
 
 def compact(obj: Any) -> Any:
@@ -190,7 +201,7 @@ def run_analysis(
         bd_parts.append(compute_breakdown(df, win, comm_parts=cp, split=split))
         kt_parts.append(kernel_totals(df, win))
         if plan is not None:
-            cr_parts.append(crossrank.cross_rank_part(df, plan, ranks=ranks))
+            cr_parts.append(crossrank.cross_rank_part(df, plan, ranks=ranks, host=source.host(ranks)))
         if ranks is not None:  # keep nothing of this rank's frame alive (string views share its buffers)
             for lst in (bd_parts, kt_parts, cr_parts):
                 if lst:

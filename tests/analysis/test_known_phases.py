@@ -1,0 +1,87 @@
+"""Idle causes against the known-phase program's own clock (capture_scripts/known_phases.py).
+
+The CPU version runs here (torch CPU); the GPU version's trace + truth, when the lead has run it on
+an H200 (``python capture_scripts/known_phases.py --out $OUT``), is checked by the same function
+from ``TRACEKIT_KNOWN_PHASES`` (a directory holding both files).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from tracekit.analysis import intervals as iv
+from tracekit.analysis.gaps import idle_causes
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _convert(trace: Path, out: Path) -> pl.DataFrame:
+    from tracekit.categories import default_rules
+    from tracekit.ingest.common import finalize_rank
+    from tracekit.ingest.kineto import read_kineto
+
+    return finalize_rank(read_kineto(trace, rank=0)[0], default_rules())
+
+
+def idle_by_phase(df: pl.DataFrame, truth: dict) -> dict[str, dict[str, int]]:
+    """Σ idle ns per (phase, cause): every gap clipped to each phase's range in the trace."""
+    ic = idle_causes(df)
+    ph = df.filter((pl.col("kind") == "range") & pl.col("name").cast(pl.String).str.starts_with("known_phase.")).select(
+        pl.col("name").cast(pl.String).str.strip_prefix("known_phase.").alias("phase"), pl.col("ts_ns").alias("lo"),
+        (pl.col("ts_ns") + pl.col("dur_ns")).alias("hi"))
+    assert ph.height == len(truth["phases"])
+    # each split gap row carries its cause's share (dur_ns); clip in proportion to the overlap
+    g = ic.gaps.filter(pl.col("cause") != "waiting_on_peer").with_columns(
+        (pl.col("dur_ns") / (pl.col("end_ns") - pl.col("start_ns"))).alias("share")).join(ph, how="cross")
+    g = iv.clip(g, pl.col("lo"), pl.col("hi"), start="start_ns", end="end_ns")
+    t = g.group_by("phase", "cause").agg(((pl.col("end_ns") - pl.col("start_ns")) * pl.col("share")).sum().alias("ns"))
+    out: dict[str, dict[str, int]] = {p: {} for p in ph["phase"].to_list()}
+    for p, c, ns in t.iter_rows():
+        out[p][c] = out[p].get(c, 0) + int(ns)
+    return out
+
+
+def check_truth(df: pl.DataFrame, truth: dict) -> dict[str, dict[str, int]]:
+    by = idle_by_phase(df, truth)
+    dur = {}
+    for p in truth["phases"]:
+        dur[p["name"]] = dur.get(p["name"], 0) + int(p["dur_ns"])
+    sleep = by["sleep"]
+    # host asleep: idle, and never launch-bound (nor host sync / scheduler work)
+    assert sleep.get("launch_bound", 0) == 0 and sleep.get("host_sync", 0) == 0 and sleep.get("between_steps", 0) == 0
+    assert sleep.get("host_idle", 0) >= 0.9 * dur["sleep"]
+    tiny = by["tiny"]
+    assert tiny.get("launch_bound", 0) > 0 and tiny.get("host_sync", 0) > 0  # the .item() every 50
+    assert tiny.get("launch_bound", 0) + tiny.get("host_sync", 0) <= dur["tiny"]
+    # all launch-bound time of the run lies in phases where the host issues work: never more than those phases last
+    lb = sum(v.get("launch_bound", 0) for v in by.values())
+    assert lb <= dur["tiny"] + dur["gemm"] + dur["copy"]
+    assert lb < 0.5 * dur["sleep"] + dur["tiny"]
+    return by
+
+
+def test_known_phases_cpu(tmp_path):
+    pytest.importorskip("torch")
+    r = subprocess.run([sys.executable, str(ROOT / "capture_scripts" / "known_phases.py"), "--out", str(tmp_path), "--phase-s", "0.3",
+                        "--cycles", "1", "--tiny-max-iters", "3000", "--device", "cpu"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    truth = json.loads((tmp_path / "known_phases_truth.json").read_text())
+    assert [p["name"] for p in truth["phases"]] == ["gemm", "sleep", "copy", "tiny"]
+    df = _convert(tmp_path / "known_phases_trace.json", tmp_path)
+    check_truth(df, truth)
+
+
+def test_known_phases_gpu_capture():
+    d = os.environ.get("TRACEKIT_KNOWN_PHASES")
+    if not d or not (Path(d) / "known_phases_truth.json").exists():
+        pytest.skip("no GPU known-phase capture (TRACEKIT_KNOWN_PHASES)")
+    truth = json.loads((Path(d) / "known_phases_truth.json").read_text())
+    by = check_truth(_convert(Path(d) / truth["trace"], Path(d)), truth)
+    print(by)
