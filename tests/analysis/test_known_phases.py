@@ -70,7 +70,7 @@ def check_truth(df: pl.DataFrame, truth: dict) -> dict[str, dict[str, int]]:
 def test_known_phases_cpu(tmp_path):
     pytest.importorskip("torch")
     r = subprocess.run([sys.executable, str(ROOT / "capture_scripts" / "known_phases.py"), "--out", str(tmp_path), "--phase-s", "0.3",
-                        "--cycles", "1", "--tiny-max-iters", "3000", "--device", "cpu"], capture_output=True, text=True, timeout=300)
+                        "--cycles", "1", "--tiny-max-iters", "3000", "--device", "cpu"], capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 0, r.stderr[-2000:]
     truth = json.loads((tmp_path / "known_phases_truth.json").read_text())
     assert [p["name"] for p in truth["phases"]] == ["gemm", "sleep", "copy", "tiny"]
