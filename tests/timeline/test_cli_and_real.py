@@ -96,9 +96,13 @@ def test_real_h200_timeline(h200, tmp_path):
     det = data["detail"]
     labels = [ln["label"] for ln in det["lanes"]]
     assert {"r0 dev0 s7", "r0 dev0 s14", "r1 dev1 s7", "r1 dev1 s14"} <= set(labels)
-    assert "worst stall (rank 1" in det["reason"]  # README: rank 1 waits inside NCCL for rank 0
-    assert det["coll"] and det["coll"]["link_len"]["n"] >= 1  # matched allreduce linked across ranks
+    assert "representative" in det["reason"] and det["x0_ms"] <= det["v0_ms"] < det["v1_ms"] <= det["x1_ms"]
+    assert det["kernels"]["n"] == 2 * (5520 + 612)  # every profiled op is embedded for zooming (README counts)
+    assert det["coll"] and det["coll"]["link_len"]["n"] == 60  # the 60 matched allreduces linked across ranks
+    # README: rank 1 waits inside NCCL for rank 0; the worst stalls are marked and listed in the window chooser
     assert det["stalls"] and {s["rank"] for s in det["stalls"]} == {1}
+    assert [e for e in data["chooser"] if e["kind"] == "stall"][0]["label"].startswith("stall: rank 1 waits")
+    assert len([e for e in data["chooser"] if e["kind"] == "step"]) == 60
     assert {g["group"] for g in data["counters"]} >= {"activity %", "PCIe % of link"}
     assert "<h2>Worst stalls</h2>" in html and "<h2>Top kernels</h2>" in html
     if have_chromium():

@@ -65,11 +65,14 @@ def test_explicit_window_and_out_of_range(small_df):
         build_payload(small_df, {}, None, window="20s:21s")
 
 
-def test_window_around_worst_stall(small_df):
-    w = build_payload(small_df, {}, analysis_for(small_df))["_window"]
+def test_worst_stall_is_in_the_chooser_not_the_default(small_df):
+    p = build_payload(small_df, {}, analysis_for(small_df))
+    assert "representative" in p["_window"].reason  # the view opens on profiled steps, stalls are one click away
+    stalls = [e for e in p["chooser"] if e["kind"] == "stall"]
     # stall at 4.1 ms lasting 200 µs, padded by max(200 µs, 1 ms) on each side
-    assert (w.start_ns - BASE, w.end_ns - BASE) == (3_100 * US, 5_300 * US)
-    assert "worst stall" in w.reason
+    assert len(stalls) == 1 and (stalls[0]["t0"], stalls[0]["t1"]) == pytest.approx((3.1, 5.3))
+    assert stalls[0]["inside"] and stalls[0]["flag"] == "--window 0.003100s:0.005300s"
+    assert [e["label"] for e in p["chooser"] if e["kind"] == "step"][:1] == ["step 0 · DECODE · bs=8 · 2.90 ms"]
 
 
 # ---------------------------------------------------------------- overview bins

@@ -67,5 +67,5 @@ def register(app: typer.Typer) -> None:
         res = render_timeline(df, meta, analysis, out, window=window, step=step, force=force,
                               max_segments=max_segments, title=trace.name, all_counters=all_counters)
         folded = f", {res['ops_folded']:,} folded" if res["ops_folded"] else ""
-        print(f"wrote {out} ({res['bytes'] / 1e6:.1f} MB): {res['lanes']} lanes, {res['ops_drawn']:,} ops drawn{folded}; "
-              f"detail = {res['window_reason']}", file=sys.stderr)
+        print(f"wrote {out} ({res['bytes'] / 1e6:.1f} MB): {res['lanes']} lanes, {res['ops_in_view']:,} ops in the detail view "
+              f"({res['ops_drawn']:,} embedded{folded}); detail = {res['window_reason']}", file=sys.stderr)

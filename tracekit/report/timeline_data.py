@@ -20,7 +20,8 @@ import numpy as np
 import polars as pl
 
 from tracekit._errors import UsageError
-from tracekit.analysis.intervals import merge
+from tracekit.analysis.intervals import covered_by, merge
+from tracekit.analysis.window import cpu_mode_ranks, device_op_expr, observed_spans, trace_overview
 from tracekit.schema import CATEGORIES, GPU_OP_KINDS
 
 __all__ = [
@@ -32,8 +33,14 @@ __all__ = [
     "parse_window",
     "capture_bounds",
     "gpu_ops",
+    "CPU_LANE",
+    "profiled_spans",
+    "profiler_windows",
+    "steps_in_spans",
+    "chooser_entries",
     "category_list",
     "choose_window",
+    "data_window",
     "overview_payload",
     "counter_payload",
     "counter_overview",
@@ -127,17 +134,63 @@ def capture_bounds(df: pl.DataFrame, meta: Mapping[str, Any] | None) -> tuple[in
 
 
 def gpu_ops(df: pl.DataFrame) -> pl.DataFrame:
-    """GPU ops with a non-null ``category`` (memcpy/memset default to memory, kernels to other_compute)."""
+    """Device work with a non-null ``category`` and lane keys ``device`` / ``stream``.
+
+    Device work is what the analysis counts (:func:`tracekit.analysis.window.device_ops`):
+    GPU ops, or on a CPU-mode rank its categorized forward-thread operators and gloo
+    collective ranges (docs/cpu_mode.md). GPU memcpy/memset default to memory, kernels to
+    other_compute. CPU-mode rows get ``device = CPU_LANE`` and ``stream = tid`` (one lane
+    per thread).
+    """
     kind = pl.col("kind").cast(pl.String)
-    g = df.filter(kind.is_in(list(GPU_OP_KINDS)))
+    cpu = cpu_mode_ranks(df) if df.height else []
+    g = df.filter(device_op_expr(cpu))
+    on_cpu = ~kind.is_in(list(GPU_OP_KINDS))
+    tid = pl.col("tid") if "tid" in g.columns else pl.lit(None, pl.Int64)
     return g.with_columns(
         pl.coalesce(
             pl.col("category").cast(pl.String),
             pl.when(kind == "kernel").then(pl.lit("other_compute")).otherwise(pl.lit("memory")),
         ).alias("category"),
-        pl.col("stream").fill_null(-1),
-        pl.col("device").fill_null(-1),
+        pl.when(on_cpu).then(tid.cast(pl.Int64).fill_null(-1)).otherwise(pl.col("stream").cast(pl.Int64).fill_null(-1))
+        .alias("stream"),
+        pl.when(on_cpu).then(pl.lit(CPU_LANE)).otherwise(pl.col("device").cast(pl.Int32).fill_null(-1))
+        .cast(pl.Int32).alias("device"),
     )
+
+
+#: ``device`` of CPU-mode lanes (their ``stream`` is the thread id)
+CPU_LANE = -2
+
+
+def profiled_spans(df: pl.DataFrame, meta: Mapping[str, Any] | None) -> list[tuple[int, int]]:
+    """The stretches that were profiled, absolute ns, sorted and disjoint.
+
+    The analysis' window owner decides (:func:`tracekit.analysis.window.observed_spans`):
+    the profiler windows of a windowed capture, each extended to the end of the work
+    launched inside it; with at most one window, the extent of the device work.
+    """
+    cap = (meta or {}).get("capture")
+    pw = cap.get("profiler_windows") if isinstance(cap, Mapping) else None
+    ov = trace_overview(df, small=False)
+    spans = observed_spans(df, pw, cpu_ranks=ov.cpu_ranks) if df.height else None
+    if spans:
+        return [(int(a), int(b)) for a, b in spans]
+    ext = ov.extents
+    if ext.height == 0:
+        return []
+    return [(int(ext["lo"].min()), int(ext["hi"].max()))]  # type: ignore[arg-type]
+
+
+def profiler_windows(meta: Mapping[str, Any] | None) -> list[tuple[int, int]]:
+    """The capture's profiler windows as recorded (absolute ns), empty when not a windowed capture."""
+    cap = (meta or {}).get("capture")
+    pw = cap.get("profiler_windows") if isinstance(cap, Mapping) else None
+    out = []
+    for x in pw or []:
+        if isinstance(x, (list, tuple)) and len(x) == 2 and all(isinstance(v, (int, float)) for v in x):
+            out.append((int(x[0]), int(x[1])))
+    return sorted(out)
 
 
 def category_list(ops: pl.DataFrame) -> list[str]:
@@ -210,6 +263,27 @@ def analysis_events(items: Any) -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------- window
+def steps_in_spans(df: pl.DataFrame, spans: Sequence[tuple[int, int]]) -> pl.DataFrame:
+    """Step rows (``dur_ns > 0``, not marked unprofiled) whose midpoint lies inside a profiled span.
+
+    Adds ``span_i`` (index into ``spans``); the containment test is the interval
+    primitive :func:`tracekit.analysis.intervals.covered_by`.
+    """
+    kind = pl.col("kind").cast(pl.String)
+    st = df.filter((kind == "step") & (pl.col("dur_ns") > 0) & pl.col("profiled").fill_null(True))
+    if st.height == 0 or not spans:
+        return st.with_columns(pl.lit(None, pl.Int64).alias("span_i")).clear()
+    iv = pl.DataFrame({"start": [int(x[0]) for x in spans], "end": [int(x[1]) for x in spans],
+                       "span_i": list(range(len(spans)))}, schema={"start": pl.Int64, "end": pl.Int64, "span_i": pl.Int64})
+    st = covered_by(st.with_columns((pl.col("ts_ns") + pl.col("dur_ns") // 2).cast(pl.Int64).alias("_mid")), iv, at="_mid",
+                    payload=["span_i"])
+    return st.filter(pl.col("span_i").is_not_null()).drop("_mid")
+
+
+def _span_label(i: int, spans: Sequence[tuple[int, int]], windowed: bool) -> str:
+    return f"profiler window {i + 1} of {len(spans)}" if windowed else "the profiled stretch"
+
+
 def choose_window(
     df: pl.DataFrame,
     ops: pl.DataFrame,
@@ -218,13 +292,15 @@ def choose_window(
     *,
     window: tuple[int, int] | str | None = None,
     step: int | None = None,
-    stalls: Sequence[Mapping[str, Any]] = (),
+    spans: Sequence[tuple[int, int]] | None = None,
+    windowed: bool = False,
     n_steps: int = 3,
     fallback_ops: int = 20_000,
 ) -> Window:
-    """The detail window: explicit ``window`` (relative ns or text) > ``step`` > worst stall >
-    a representative stretch of ``n_steps`` steps (median-like duration, middle of the
-    capture) > the central ``fallback_ops`` GPU ops."""
+    """The detail view: explicit ``window`` (relative ns or text) > ``step`` > a representative
+    stretch of ``n_steps`` consecutive steps *inside one profiled span* (median-like duration,
+    middle of the profiled steps; ``spans`` from :func:`profiled_spans`) > the central
+    ``fallback_ops`` device ops > the whole capture. ``windowed``: the spans are profiler windows."""
     if window is not None:
         a, b = parse_window(window) if isinstance(window, str) else (int(window[0]), int(window[1]))
         if a >= end_ns - base_ns or b <= 0:
@@ -244,13 +320,8 @@ def choose_window(
             raise UsageError(f"--step {step}: not in the trace ({have}); pick another step")
         lo, hi = hit.select(pl.col("ts_ns").min().alias("lo"), (pl.col("ts_ns") + pl.col("dur_ns")).max().alias("hi")).row(0)
         return Window(int(lo), int(hi), f"step {step}")
-    if stalls:
-        worst = max(stalls, key=lambda s: s["dur_ns"])
-        pad = max(worst["dur_ns"], 1_000_000)
-        who = f"rank {worst['rank']}, " if worst["rank"] is not None else ""
-        return Window(worst["start_ns"] - pad, worst["end_ns"] + pad,
-                      f"around the worst stall ({who}{worst['dur_ns'] / 1e6:.3f} ms)")
-    st = steps.filter(pl.col("dur_ns") > 0)
+    spans = list(spans or [])
+    st = steps_in_spans(df, spans)
     if st.height:
         r0 = st.get_column("rank").min()
         s0 = st.filter(pl.col("rank") == r0).sort("ts_ns")
@@ -259,21 +330,93 @@ def choose_window(
         mid = s0.slice(lo_i, hi_i - lo_i)
         med = float(s0.get_column("dur_ns").median())  # type: ignore[arg-type]
         i = lo_i + int((mid.get_column("dur_ns").cast(pl.Float64) - med).abs().arg_min() or 0)
-        i = min(i, max(n - n_steps, 0))
-        pick = s0.slice(i, n_steps)
+        sp = s0.get_column("span_i").to_numpy()
+        same = np.flatnonzero(sp == sp[i])
+        j0, j1 = int(same.min()), int(same.max()) + 1  # steps of that span (sorted by start: contiguous)
+        i = max(min(i, j1 - n_steps), j0)
+        pick = s0.slice(i, min(n_steps, j1 - i))
         lo, hi = pick.select(pl.col("ts_ns").min().alias("lo"), (pl.col("ts_ns") + pl.col("dur_ns")).max().alias("hi")).row(0)
         ids = pick.get_column("step_id").drop_nulls()
-        label = f"steps {ids.min()}–{ids.max()}" if ids.len() else f"{pick.height} steps"
-        return Window(int(lo), int(hi), f"{label}: a representative stretch (median-length steps, mid-capture)")
+        if ids.len():  # the same steps on every rank, unless ranks' step ids do not line up
+            all_r = st.filter(pl.col("step_id").is_in(ids.implode()))
+            lo2, hi2 = all_r.select(pl.col("ts_ns").min().alias("lo"), (pl.col("ts_ns") + pl.col("dur_ns")).max().alias("hi")).row(0)
+            if hi2 - lo2 <= 3 * (hi - lo):
+                lo, hi = lo2, hi2
+        label = (f"step {ids.min()}" if ids.len() and ids.min() == ids.max() else
+                 f"steps {ids.min()}–{ids.max()}" if ids.len() else f"{pick.height} steps")
+        where = _span_label(int(sp[i]), spans, windowed)
+        return Window(int(lo), int(hi), f"{label} in {where}: representative (median-length steps, mid-capture)")
     if ops.height:
-        ts = ops.get_column("ts_ns").sort()
-        ends = (ops.get_column("ts_ns") + ops.get_column("dur_ns")).sort()
+        o = ops
+        if spans:  # ops of the middle span
+            a, b = spans[len(spans) // 2]
+            mid_ops = ops.filter((pl.col("ts_ns") < b) & ((pl.col("ts_ns") + pl.col("dur_ns")) > a))
+            o = mid_ops if mid_ops.height else ops
+        ts = o.get_column("ts_ns").sort()
+        ends = (o.get_column("ts_ns") + o.get_column("dur_ns")).sort()
         n = ts.len()
         k = min(fallback_ops, n)
-        a = max((n - k) // 2, 0)
-        lo, hi = int(ts[a]), int(ends[min(a + k, n) - 1])
-        return Window(lo, max(hi, lo + 1), f"the central {k} GPU ops of the capture")
+        a0 = max((n - k) // 2, 0)
+        lo, hi = int(ts[a0]), int(ends[min(a0 + k, n) - 1])
+        return Window(lo, max(hi, lo + 1), f"the central {k} device ops" + (" of the middle profiled span" if spans else ""))
     return Window(base_ns, end_ns, "the whole capture")
+
+
+def data_window(ops: pl.DataFrame, spans: Sequence[tuple[int, int]], view: Window, max_segments: int) -> Window:
+    """The stretch whose ops the page embeds: every profiled span when their ops fit in
+    ``max_segments`` (the window chooser and zooming then reach all of them), else the view."""
+    if not spans:
+        return view
+    lo, hi = min(min(a for a, _ in spans), view.start_ns), max(max(b for _, b in spans), view.end_ns)
+    n = ops.filter((pl.col("ts_ns") < hi) & ((pl.col("ts_ns") + pl.col("dur_ns")) > lo)).height
+    if n > max_segments:
+        return view
+    return Window(int(lo), int(hi), "every profiled span")
+
+
+def chooser_entries(
+    df: pl.DataFrame,
+    spans: Sequence[tuple[int, int]],
+    base_ns: int,
+    data: Window,
+    *,
+    windowed: bool,
+    stalls: Sequence[Mapping[str, Any]] = (),
+    max_steps: int = 400,
+) -> list[dict[str, Any]]:
+    """What the page's window chooser lists: profiler windows, the profiled steps (per step id
+    over all ranks; at most ``max_steps``, evenly spread), the 10 worst stalls. Each entry:
+    ``kind``, escaped ``label``, ``t0``/``t1`` (ms since capture start), ``inside`` (its ops are
+    embedded) and ``flag`` (the ``--window`` that centres a new page on it)."""
+
+    def entry(kind: str, label: str, a: int, b: int) -> dict[str, Any]:
+        return {"kind": kind, "label": esc(label), "t0": (a - base_ns) / 1e6, "t1": (b - base_ns) / 1e6,
+                "inside": bool(a < data.end_ns and b > data.start_ns),
+                "flag": f"--window {max(a - base_ns, 0) / 1e9:.6f}s:{(b - base_ns) / 1e9:.6f}s"}
+
+    out = []
+    for i, (a, b) in enumerate(spans):
+        out.append(entry("window", f"{_span_label(i, spans, windowed)}: {(a - base_ns) / 1e9:.3f}–{(b - base_ns) / 1e9:.3f} s"
+                         f" ({(b - a) / 1e6:,.1f} ms)", a, b))
+    st = steps_in_spans(df, spans)
+    if st.height:
+        g = st.group_by(["span_i", pl.col("step_id").fill_null(-1)]).agg(
+            pl.col("ts_ns").min().alias("a"), (pl.col("ts_ns") + pl.col("dur_ns")).max().alias("b"),
+            pl.col("step_mode").cast(pl.String).drop_nulls().first().alias("mode"),
+            pl.col("batch_size").drop_nulls().first().alias("bs")).sort("a")
+        if g.height > max_steps:
+            g = g.gather(np.linspace(0, g.height - 1, max_steps).round().astype(np.int64))
+        for sp, sid, a, b, mode, bs in g.select("span_i", "step_id", "a", "b", "mode", "bs").iter_rows():
+            bits = [f"step {sid}" if sid >= 0 else "step", mode, f"bs={bs}" if bs is not None else None,
+                    f"{(b - a) / 1e6:,.2f} ms"]
+            if windowed:
+                bits.append(f"window {sp + 1}")
+            out.append(entry("step", " · ".join(x for x in bits if x), int(a), int(b)))
+    for s in sorted(stalls, key=lambda s: -s["dur_ns"])[:10]:
+        pad = max(s["dur_ns"], 1_000_000)
+        who = f"rank {s['rank']} " if s["rank"] is not None else ""
+        out.append(entry("stall", f"stall: {who}waits {s['dur_ns'] / 1e6:,.3f} ms", s["start_ns"] - pad, s["end_ns"] + pad))
+    return out
 
 
 # ---------------------------------------------------------------- overview

@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import polars as pl
 
-from tracekit.report.timeline_data import Window, b64, esc, esc_expr
+from tracekit.report.timeline_data import CPU_LANE, Window, b64, esc, esc_expr
 
 __all__ = ["detail_payload", "collective_instances", "MAX_SEGMENTS", "MAX_RANGE_DEPTH"]
 
@@ -108,7 +108,11 @@ def detail_payload(
 
     ops = _in_window(ops_all, w)
     steps = _in_window(df.filter(kind == "step"), w)
-    ranges = _in_window(df.filter(kind == "range"), w)
+    # ranges that are device work (CPU mode: gloo collectives) are drawn as ops on their thread's lane
+    ranges = _in_window(df.filter(kind == "range").join(
+        ops_all.filter(pl.col("kind").cast(pl.String) == "range").select("rank", "ts_ns", "tid").with_columns(
+            pl.lit(True).alias("_dev")), on=["rank", "ts_ns", "tid"], how="left").filter(pl.col("_dev").is_null())
+        .drop("_dev"), w)
     if ranges.height:
         ranges = _range_depth(ranges)
 
@@ -116,6 +120,8 @@ def detail_payload(
     ranks = sorted(set(ops.get_column("rank").to_list()) | set(steps.get_column("rank").to_list())
                    | set(ranges.get_column("rank").to_list()) | {s["rank"] for s in stalls if s["rank"] is not None})
     streams = ops.select("rank", "device", "stream").unique().sort(["rank", "device", "stream"])
+    comm_threads = {(int(a), int(b)) for a, b in ops.filter(pl.col("device") == CPU_LANE).group_by(["rank", "stream"]).agg(
+        (pl.col("category") == "communication").all().alias("c")).filter(pl.col("c")).select("rank", "stream").iter_rows()}
     depth_n = (ranges.group_by("rank").agg(pl.col("depth").max()) if ranges.height
                else pl.DataFrame(schema={"rank": pl.Int32, "depth": pl.Int32}))
     depth_of = dict(zip(depth_n.get_column("rank").to_list(), depth_n.get_column("depth").to_list()))
@@ -131,8 +137,11 @@ def detail_payload(
             lanes.append({"label": f"r{r} ranges" + (f" d{d}" if d else ""), "rank": int(r), "kind": "range"})
             lane_rows.append((r, "range", d, 0))
         for dev, st in streams.filter(pl.col("rank") == r).select("device", "stream").iter_rows():
-            lanes.append({"label": f"r{r} dev{dev} s{st}" if dev >= 0 else f"r{r} s{st}", "rank": int(r),
-                          "kind": "stream"})
+            if dev == CPU_LANE:  # CPU mode: one lane per thread (forward thread, gloo worker)
+                label = f"r{r} {'gloo' if (int(r), int(st)) in comm_threads else 'fwd'} t{st}"
+            else:
+                label = f"r{r} dev{dev} s{st}" if dev >= 0 else f"r{r} s{st}"
+            lanes.append({"label": label, "rank": int(r), "kind": "stream"})
             lane_rows.append((r, "stream", int(dev), int(st)))
         for ln in lanes[first:]:
             ln["first"] = first

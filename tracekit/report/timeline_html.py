@@ -37,6 +37,8 @@ from tracekit.report.timeline_data import (
     capture_bounds,
     category_list,
     choose_window,
+    chooser_entries,
+    data_window,
     colors_for,
     counter_overview,
     counter_payload,
@@ -44,6 +46,8 @@ from tracekit.report.timeline_data import (
     gpu_ops,
     key_counter_expr,
     overview_payload,
+    profiled_spans,
+    profiler_windows,
 )
 from tracekit.report.timeline_detail import MAX_SEGMENTS, detail_payload
 from tracekit.report.timeline_js import TIMELINE_CSS, TIMELINE_JS
@@ -57,7 +61,8 @@ _NEEDED = {
     "grid_z": pl.Int32, "block_x": pl.Int32, "block_y": pl.Int32, "block_z": pl.Int32,
     "registers_per_thread": pl.Int32, "shared_mem_bytes": pl.Int64, "bytes": pl.Int64, "memcpy_kind": pl.String,
     "pg_name": pl.String, "coll_seq": pl.Int64, "step_id": pl.Int64, "step_mode": pl.String,
-    "batch_size": pl.Int32, "tokens": pl.Int64, "profiled": pl.Boolean, "value": pl.Float64,
+    "batch_size": pl.Int32, "tokens": pl.Int64, "profiled": pl.Boolean, "value": pl.Float64, "tid": pl.Int64,
+    "launch_ts_ns": pl.Int64, "family": pl.String,
 }
 
 #: columns the timeline reads (pass to ``scan_trace(...).select`` to save memory)
@@ -100,9 +105,16 @@ def build_payload(
     ranks = sorted(set(df.get_column("rank").unique().to_list()))
     stalls = analysis_events(analysis.get("stalls"))
     pcie = analysis_events(analysis.get("pcie_phases"))
-    w = choose_window(df, ops, base, end, window=window, step=step, stalls=stalls)
+    spans = profiled_spans(df, meta)
+    windowed = len(profiler_windows(meta)) >= 2
+    w = choose_window(df, ops, base, end, window=window, step=step, spans=spans, windowed=windowed)
+    data = w if (window is not None or step is not None) else data_window(ops, spans, w, max_segments)
     stalls_all = sorted(stalls, key=lambda s: -s["dur_ns"])[:2000]
     overview = overview_payload(ops, cats, ranks, base, end, bins=overview_bins)
+    detail = detail_payload(df, ops, cats, base, data, analysis=analysis, stalls=stalls, pcie=pcie,
+                            max_segments=max_segments)
+    detail["reason"] = esc(w.reason)
+    detail["v0_ms"], detail["v1_ms"] = (w.start_ns - base) / 1e6, (w.end_ns - base) / 1e6
     return {
         "version": 1,
         "base_ns": str(base),
@@ -112,13 +124,16 @@ def build_payload(
         "ranks": ranks,
         "overview": overview,
         "counters": counter_overview(cdf, base, end, overview["nbins"]),
-        "counters_window": counter_payload(cdf, base, w.start_ns, w.end_ns),
-        "detail": detail_payload(df, ops, cats, base, w, analysis=analysis, stalls=stalls, pcie=pcie,
-                                 max_segments=max_segments),
+        "counters_window": counter_payload(cdf, base, data.start_ns, data.end_ns, points=4000),
+        "detail": detail,
+        "spans_ms": [[(a - base) / 1e6, (b - base) / 1e6] for a, b in spans],
+        "chooser": chooser_entries(df, spans, base, data, windowed=windowed, stalls=stalls),
         "stalls_all": [{"rank": s["rank"], "t_ms": (s["start_ns"] - base) / 1e6, "d_ms": s["dur_ns"] / 1e6,
                         "label": s["label"], "detail": s["detail"]} for s in stalls_all],
         "_stalls": stalls_all,
         "_window": w,
+        "_data": data,
+        "_view_ops": int(ops.filter((pl.col("ts_ns") < w.end_ns) & ((pl.col("ts_ns") + pl.col("dur_ns")) > w.start_ns)).height),
         "_base": base,
         "_end": end,
     }
@@ -164,10 +179,11 @@ def _breakdown_html(analysis: Mapping[str, Any], cats: list[str], colors: list[s
         cells = []
         for k in order:
             v = t.get(k)
-            cells.append(f"<td title='{_fmt_ms(v)} ms'>{100 * v / win:.1f}%</td>" if isinstance(v, (int, float)) else "<td></td>")
+            cells.append(f"<td title='{_fmt_ms(v)} ms'>{100 * v / win:.1f}%<br><small>{_fmt_ms(v)} ms</small></td>"
+                         if isinstance(v, (int, float)) else "<td></td>")
         rows.append(f"<tr><td>{esc(r.get('rank', ''))}</td><td>{_fmt_ms(win)}</td>{''.join(cells)}</tr>")
     return (f"<table><tr><th>rank</th><th>window ms</th>{head}</tr>{''.join(rows)}</table>"
-            "<p class=note>share of each rank's analysis window (exclusive time per category; hover a cell for ms)</p>")
+            "<p class=note>share of each rank's analysis window and its time (exclusive time per category)</p>")
 
 
 def _findings_html(analysis: Mapping[str, Any]) -> str:
@@ -192,7 +208,7 @@ def _top_kernels_html(analysis: Mapping[str, Any]) -> str:
                 rows.append((float(it["total_ns"]), str(cat), it))
     rows.sort(key=lambda r: -r[0])
     body = "".join(
-        f"<tr><td class=l>{esc(it.get('name', ''))}</td><td class=l>{esc(cat)}</td><td>{esc(it.get('count', ''))}</td>"
+        f"<tr><td class=name>{esc(it.get('name', ''))}</td><td class=l>{esc(cat)}</td><td>{esc(it.get('count', ''))}</td>"
         f"<td>{_fmt_ms(tot)}</td><td>{(it.get('mean_ns') or 0) / 1e3:,.1f}</td></tr>"
         for tot, cat, it in rows[:10])
     return ("<h2>Top kernels</h2><table><tr><th class=l>kernel</th><th class=l>category</th><th>count</th>"
@@ -239,15 +255,44 @@ def _header_html(meta: Mapping[str, Any], payload: Mapping[str, Any], title: str
     det = payload["detail"]
     k = det["kernels"]
     fold = f", {det['folded']['n_ops']:,} short ops folded" if det.get("folded") else ""
+    v0, v1 = det.get("v0_ms", det["x0_ms"]), det.get("v1_ms", det["x1_ms"])
+    emb = (f"; zoom and the window chooser reach {det['x0_ms'] / 1e3:.3f}–{det['x1_ms'] / 1e3:.3f} s"
+           if (det["x0_ms"], det["x1_ms"]) != (v0, v1) else "")
     legend = "".join(f"<span><span class=chip style='background:{c}'></span>{n}</span>"
                      for n, c in zip(payload["cats"], payload["colors"]))
     return (
         f"<h1>tracekit timeline — {esc(title)}</h1>"
         f"<div class=meta>{len(ranks)} rank(s){gpu} · capture {payload['span_ms'] / 1e3:.3f} s · "
-        f"detail window {det['x0_ms'] / 1e3:.6f}–{det['x1_ms'] / 1e3:.6f} s ({det['reason']}; "
-        f"{k['n']:,} ops drawn{fold}) · tracekit {esc(__version__)}</div>"
+        f"detail window {v0 / 1e3:.6f}–{v1 / 1e3:.6f} s ({det['reason']}; "
+        f"{payload.get('_view_ops', k['n']):,} ops in view, {k['n']:,} ops embedded{fold}{emb}) · tracekit {esc(__version__)}</div>"
         f"<div class='legend meta'>{legend}</div>"
     )
+
+
+def _chooser_html(payload: Mapping[str, Any]) -> str:
+    """The window chooser: profiler windows, profiled steps and worst stalls (labels already escaped)."""
+    entries = payload.get("chooser") or []
+    if not entries:
+        return ""
+    det = payload["detail"]
+    v0, v1 = det.get("v0_ms", det["x0_ms"]), det.get("v1_ms", det["x1_ms"])
+    groups = {"window": "profiler windows", "step": "profiled steps", "stall": "worst stalls"}
+    parts = ["<option value='' data-t0='%.6f' data-t1='%.6f' data-inside=1 data-flag=''>the representative view "
+             "(%.3f–%.3f s)</option>" % (v0, v1, v0 / 1e3, v1 / 1e3)]
+    for kind, title in groups.items():
+        items = [e for e in entries if e["kind"] == kind]
+        if not items:
+            continue
+        opts = "".join(
+            f"<option data-t0='{e['t0']:.6f}' data-t1='{e['t1']:.6f}' data-inside={1 if e['inside'] else 0} "
+            f"data-flag='{esc(e['flag'])}'>{e['label']}{'' if e['inside'] else ' (re-run with --window)'}</option>"
+            for e in items)
+        parts.append(f"<optgroup label='{esc(title)} ({len(items)})'>{opts}</optgroup>")
+    n_win = sum(1 for e in entries if e["kind"] == "window")
+    n_st = sum(1 for e in entries if e["kind"] == "step")
+    return (f"<div class=chooser><label>Detail view: <select id=tk-chooser>{''.join(parts)}</select></label> "
+            f"<span class=note>{n_win} profiled span(s), {n_st} profiled step(s)</span> "
+            "<span id=tk-chooser-note class=note></span></div>")
 
 
 def _json_for_script(obj: Any) -> str:
@@ -289,6 +334,7 @@ def build_html(payload: Mapping[str, Any], meta: Mapping[str, Any] | None, analy
         "<meta name=viewport content='width=device-width'>",
         f"<title>tracekit timeline — {esc(title)}</title><style>{TIMELINE_CSS}</style></head><body>",
         *body,
+        _chooser_html(payload),
         "<div id=tk-plot></div><pre id=tk-status></pre>",
         f'<script type="application/json" id="tk-data">{data}</script>',
         f"<script>{pjs}</script>",
@@ -327,6 +373,6 @@ def render_timeline(
     det = payload["detail"]
     w = payload["_window"]
     return {"path": str(out), "bytes": len(html.encode("utf-8")), "window_ns": [w.start_ns, w.end_ns],
-            "window_reason": w.reason, "ops_drawn": det["kernels"]["n"],
+            "window_reason": w.reason, "ops_in_view": payload["_view_ops"], "ops_drawn": det["kernels"]["n"],
             "ops_folded": det["folded"]["n_ops"] if det.get("folded") else 0, "lanes": len(det["lanes"])}
 

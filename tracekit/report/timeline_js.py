@@ -26,6 +26,10 @@ th{background:#f4f4f4} td.l,th.l{text-align:left;white-space:normal}
 tr.jump{cursor:pointer} tr.jump:hover{background:#fff3d6}
 .cols{display:flex;gap:24px;flex-wrap:wrap} .note{color:#777;font-size:12px}
 #tk-status{display:none} code{background:#f4f4f4;padding:0 3px}
+td.name{text-align:left;white-space:normal;overflow-wrap:anywhere;word-break:break-all;max-width:52ch;font-family:monospace;font-size:11px}
+td small{color:#777}
+.chooser{margin:10px 0 0;padding:6px 8px;background:#f7f7f7;border:1px solid #e3e3e3;border-radius:3px}
+.chooser select{max-width:70ch;font-size:12px}
 """
 
 TIMELINE_JS = r"""
@@ -84,6 +88,8 @@ var traces = [], layout, axN = 0, top = 0, GAP = 28;
 var D = P.detail, OV = P.overview;
 var LANE_PX = 22, LW = 14;
 var nLanes = D.lanes.length;
+// initial detail view (a representative stretch) inside the embedded data range [x0_ms, x1_ms]
+var VIEW0 = D.v0_ms !== undefined ? D.v0_ms : D.x0_ms, VIEW1 = D.v1_ms !== undefined ? D.v1_ms : D.x1_ms;
 STATUS.lanes = D.lanes.map(function (l) { return l.label; });
 
 // ---- vertical plan (px)
@@ -142,7 +148,7 @@ blocks.forEach(function (b) {
     detAx = addAxes(b.h, null, {autorange: false, range: [nLanes - 0.5, -0.5], fixedrange: true,
                                 tickvals: D.lanes.map(function (l, i) { return i; }), ticktext: STATUS.lanes,
                                 showgrid: false},
-                    {range: [D.x0_ms, D.x1_ms], title: {text: 'detail: ' + D.reason, font: {size: 11}, standoff: 2},
+                    {range: [VIEW0, VIEW1], title: {text: 'detail: ' + D.reason, font: {size: 11}, standoff: 2},
                      side: 'top'});
     buildDetail(detAx);
   } else if (b.kind === 'detc') {
@@ -174,7 +180,13 @@ function buildOverview(ax) {
   traces.push({type: 'heatmap', x: x, y: y, z: z, text: text, zmin: 0, zmax: NC, colorscale: cs, showscale: false,
                xaxis: ax.x, yaxis: ax.y, hovertemplate: '%{text}<br>t=%{x:.1f} ms<extra></extra>', hoverongaps: false,
                name: 'overview', showlegend: false});
-  layout.shapes.push({type: 'rect', xref: ax.x, yref: ax.y + ' domain', x0: D.x0_ms, x1: D.x1_ms, y0: 0, y1: 1,
+  // profiled spans (profiler windows) as a light band under the heat map, the detail view as a dotted box
+  (P.spans_ms || []).forEach(function (sp) {
+    layout.shapes.push({type: 'rect', xref: ax.x, yref: ax.y + ' domain', x0: sp[0], x1: sp[1], y0: 0, y1: 1, layer: 'below',
+                        line: {width: 0}, fillcolor: 'rgba(76,114,176,0.07)'});
+  });
+  window.tkTimeline.boxShape = layout.shapes.length;
+  layout.shapes.push({type: 'rect', xref: ax.x, yref: ax.y + ' domain', x0: VIEW0, x1: VIEW1, y0: 0, y1: 1,
                       line: {color: '#000', width: 1, dash: 'dot'}, fillcolor: 'rgba(0,0,0,0.06)'});
   var st = P.stalls_all || [];
   if (st.length) {
@@ -354,7 +366,7 @@ function buildDetail(ax) {
     var vlo = LOD_ON ? (lo - span * 0.25 - x0) * 1000 : -Infinity, vhi = LOD_ON ? (hi + span * 0.25 - x0) * 1000 : Infinity;
     var segX = [], segY = [], hx = [], hy = [], ht = [], c2;
     for (c2 = 0; c2 < NC; c2++) { segX.push([]); segY.push([]); hx.push([]); hy.push([]); ht.push([]); }
-    var busy = new Float64Array(NC), drawn = 0, merged = 0;
+    var busy = new Float64Array(NC), drawn = 0, merged = 0, inView = 0, rlo = (lo - x0) * 1000, rhi = (hi - x0) * 1000;
     for (var L = 0; L < nLanes; L++) {
       var a = laneLo[L], b = laneLo[L + 1];
       if (a >= b) continue;
@@ -373,6 +385,7 @@ function buildDetail(ax) {
                       '<br>longest: ' + kernelText(bLong));
         for (q = 0; q < NC; q++) busy[q] = 0;
         merged += bN > 1 ? bN : 0; drawn += 1; bN = 0; bLong = -1;
+        if (bS < rhi && bE > rlo) inView += 1;
       };
       for (var j = lo2; j < b; j++) {
         var st = ks[j], du = kd[j];
@@ -384,6 +397,7 @@ function buildDetail(ax) {
           segX[cc].push(sMs, e1, NaN); segY[cc].push(L, L, NaN);
           hx[cc].push(sMs + du / 2000); hy[cc].push(L); ht[cc].push(kernelText(j));
           drawn += 1;
+          if (st < rhi && st + du > rlo) inView += 1;
           continue;
         }
         var cl = Math.floor((sMs - lo) / msPerPx);
@@ -393,25 +407,69 @@ function buildDetail(ax) {
       }
       flush();
     }
-    STATUS.lod = {drawn: drawn, merged: merged};
+    STATUS.lod = {drawn: drawn, merged: merged, in_view: inView};
     return {segX: segX, segY: segY, hx: hx, hy: hy, ht: ht};
   }
+  // names on the segments once zoomed in far enough (>= LABEL_PX wide): at most MAX_LABELS, widest first
+  var LABEL_PX = 70, MAX_LABELS = 300, CH_PX = 6.3;
+  function unesc(t) { return t.replace(/&lt;/g, '<').replace(/&gt;/g, '>').replace(/&#34;/g, '"').replace(/&#39;/g, "'").replace(/&amp;/g, '&'); }
+  function reesc(t) { return t.replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;').replace(/"/g, '&#34;').replace(/'/g, '&#39;'); }
+  function labelsFor(lo, hi) {
+    var plotW = (gd._fullLayout && gd._fullLayout._size) ? gd._fullLayout._size.w : Math.max(400, gd.clientWidth - 164);
+    var msPerPx = (hi - lo) / Math.max(plotW, 100), minUs = LABEL_PX * msPerPx * 1000;
+    var vlo = (lo - x0) * 1000, vhi = (hi - x0) * 1000, cand = [], L, j;
+    for (L = 0; L < nLanes && cand.length < 20000; L++) {
+      var a = laneLo[L], b = laneLo[L + 1], lo2 = a, hi2 = b, target = vlo - maxDur;
+      while (lo2 < hi2) { var m = (lo2 + hi2) >> 1; if (ks[m] < target) lo2 = m + 1; else hi2 = m; }
+      for (j = lo2; j < b; j++) {
+        if (ks[j] > vhi) break;
+        var vs = Math.max(ks[j], vlo), ve = Math.min(ks[j] + kd[j], vhi);
+        if (ve - vs >= minUs) cand.push([j, ve - vs, vs, ve]);
+      }
+    }
+    cand.sort(function (p, q) { return q[1] - p[1]; });
+    var lx = [], ly = [], lt = [];
+    cand.slice(0, MAX_LABELS).forEach(function (c) {
+      var nch = Math.floor(c[1] / 1000 / msPerPx / CH_PX) - 1, nm = unesc(D.names[kn[c[0]]]);
+      if (nch < 4) return;
+      if (nm.length > nch) nm = nm.slice(0, nch - 1) + '…';
+      lx.push(x0 + (c[2] + c[3]) / 2000); ly.push(kl[c[0]]); lt.push(reesc(nm));
+    });
+    STATUS.labels = lt.length;
+    return {x: lx, y: ly, text: lt};
+  }
   var catTrace = [];
-  var lod0 = buildLOD(D.x0_ms, D.x1_ms);
+  var lod0 = buildLOD(VIEW0, VIEW1);
+  STATUS.view = {x0_ms: VIEW0, x1_ms: VIEW1, ops_drawn: lod0 ? STATUS.lod.in_view : 0};
   for (var c = 0; c < NC; c++) {
     catTrace.push(traces.length);
     traces.push(segTrace(ax, lod0.segX[c], lod0.segY[c], COLORS[c], LW, CATS[c], 'cat' + c, true));
     traces.push(hoverTrace(ax, lod0.hx[c], lod0.hy[c], lod0.ht[c], COLORS[c], 'cat' + c, LW));
   }
+  var labelTrace = traces.length, lab0 = {x: [], y: [], text: []};
+  // WebGL text: drawn on the same canvas as the segments (an SVG trace would sit underneath them)
+  traces.push({type: 'scattergl', mode: 'text', x: lab0.x, y: lab0.y, text: lab0.text, xaxis: ax.x, yaxis: ax.y,
+               textfont: {size: 10, color: '#ffffff'}, hoverinfo: 'skip', showlegend: false, name: 'names'});
+  window.tkTimeline.labelsFor = labelsFor;
   var busyLOD = false;
-  if (LOD_ON) window.tkTimeline.relod = function () {
+  window.tkTimeline.relod = function (first) {
     var xa = gd._fullLayout[ax.x.replace('x', 'xaxis')];
     if (!xa || busyLOD) return Promise.resolve();
-    var r = xa.range, lod = buildLOD(r[0], r[1]), upd = {x: [], y: [], text: []}, idx = [];
-    for (var c3 = 0; c3 < NC; c3++) {
-      var ti = catTrace[c3];
-      idx.push(ti, ti + 1);
-      upd.x.push(lod.segX[c3], lod.hx[c3]); upd.y.push(lod.segY[c3], lod.hy[c3]); upd.text.push(null, lod.ht[c3]);
+    var r = xa.range, upd = {x: [], y: [], text: []}, idx = [];
+    if (LOD_ON && !first) {
+      var lod = buildLOD(r[0], r[1]);
+      for (var c3 = 0; c3 < NC; c3++) {
+        var ti = catTrace[c3];
+        idx.push(ti, ti + 1);
+        upd.x.push(lod.segX[c3], lod.hx[c3]); upd.y.push(lod.segY[c3], lod.hy[c3]); upd.text.push(null, lod.ht[c3]);
+      }
+    }
+    var lb = labelsFor(r[0], r[1]);
+    idx.push(labelTrace); upd.x.push(lb.x); upd.y.push(lb.y); upd.text.push(lb.text);
+    if (window.tkTimeline.boxShape !== undefined && ovAx) {
+      var sh = {};
+      sh['shapes[' + window.tkTimeline.boxShape + '].x0'] = r[0]; sh['shapes[' + window.tkTimeline.boxShape + '].x1'] = r[1];
+      Plotly.relayout(gd, sh);
     }
     busyLOD = true;
     return Plotly.restyle(gd, upd, idx).then(function () { busyLOD = false; },
@@ -508,6 +566,39 @@ function zoomSteps(axName, lo, hi, n) {
 }
 window.tkTimeline.zoomSteps = zoomSteps;
 
+// window chooser (profiler windows, steps, stalls): zooms the detail lanes, or names the --window to re-run with
+function zoomDetail(a, b) {
+  if (!detAx) return;
+  var upd = {};
+  upd[detAx.x.replace('x', 'xaxis') + '.range'] = [a, b];
+  Plotly.relayout(gd, upd);
+}
+var chooser = document.getElementById('tk-chooser');
+if (chooser) chooser.addEventListener('change', function () {
+  var opt = chooser.options[chooser.selectedIndex], note = document.getElementById('tk-chooser-note');
+  if (!opt) return;
+  var a = parseFloat(opt.getAttribute('data-t0')), b = parseFloat(opt.getAttribute('data-t1'));
+  if (!(isFinite(a) && isFinite(b))) return;
+  if (opt.getAttribute('data-inside') !== '1') {
+    if (note) note.textContent = 'not embedded in this page: re-run with ' + opt.getAttribute('data-flag');
+    return;
+  }
+  if (note) note.textContent = opt.getAttribute('data-flag');
+  var pad = (b - a) * 0.02;
+  zoomDetail(Math.max(a - pad, D.x0_ms), Math.min(b + pad, D.x1_ms));
+});
+// click on the overview: centre the detail lanes there (same zoom width) when that time is embedded
+function hookOverviewClick() {
+  if (!gd.on || !ovAx || !detAx) return;
+  gd.on('plotly_click', function (ev) {
+    var p = ev && ev.points && ev.points[0];
+    if (!p || p.xaxis === undefined || p.xaxis._id !== 'x') return;
+    var t = p.x, xa = gd._fullLayout[detAx.x.replace('x', 'xaxis')], w = xa.range[1] - xa.range[0];
+    if (t < D.x0_ms || t > D.x1_ms) return;
+    zoomDetail(t - w / 2, t + w / 2);
+  });
+}
+
 // tables that jump to the timeline
 document.addEventListener('click', function (ev) {
   var tr = ev.target && ev.target.closest ? ev.target.closest('tr.jump') : null;
@@ -529,7 +620,8 @@ document.addEventListener('click', function (ev) {
 try {
   Plotly.newPlot(gd, traces, layout, {displaylogo: false, responsive: true,
                                        modeBarButtonsToRemove: ['select2d', 'lasso2d']}).then(function () {
-    window.tkTimeline.pending = Promise.resolve();
+    window.tkTimeline.pending = window.tkTimeline.relod ? window.tkTimeline.relod(true) : Promise.resolve();
+    hookOverviewClick();
     if (window.tkTimeline.relod) {
       var key = window.tkTimeline.detailKey;
       gd.on('plotly_relayout', function (ev) {
