@@ -51,6 +51,8 @@ class RuleSet:
     default_category: str = "other_compute"
     context: list[ContextRule] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
+    #: ``--steps-from REGEX``: ranges matching it are the steps (tracekit.steplabels); None = the built-in grammar
+    steps_from: str | None = None
     _cache: dict[str, tuple[str, str]] = field(default_factory=dict, repr=False)
 
     def classify(self, name: str) -> tuple[str, str]:

@@ -23,7 +23,7 @@ KNOWN = [
     ("sm90_xmma_gemm_bf16bf16_bf16f32", "dense_gemm", "gemm.dense"),
     ("Memcpy HtoD (Pageable -> Device)", "memory", "memory.copy"),
     ("Memset (Device)", "memory", "memory.copy"),
-    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(...)", "other_compute", "other"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(...)", "other_compute", "elementwise.pointwise"),
     ("multimem_all_reduce_kernel", "communication", "allreduce.torch_symm_mem"),
 ]
 

@@ -15,26 +15,50 @@ once on the whole frame) and :func:`cross_rank_finish` (exact reduce of the part
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import polars as pl
 
 from tracekit._errors import QualityLog
 from tracekit.analysis.align import AlignResult, apply_offsets, solve_clock_offsets
-from tracekit.analysis.collectives import (collective_ops, collective_quality, collective_summary, match_collectives,
-                                           split_communication)
+from tracekit.analysis.collectives import (
+    collective_ops,
+    collective_quality,
+    collective_summary,
+    match_collectives,
+    split_communication,
+)
 from tracekit.analysis.efficiency import efficiency_finish, kernel_efficiency
 from tracekit.analysis.gaps import IdleCauses, idle_causes, restrict_to_spans
 from tracekit.analysis.pcie import PciePart, pcie_finish, pcie_part
 from tracekit.analysis.power import PowerResult, power_finish, power_part
-from tracekit.analysis.stalls import (MIN_REL_STEP, MIN_WAIT_NS, StallPart, StallPlan, empty_stalls, lost_by_rank, stall_finish,
-                                      stall_part, stall_plan, stall_steps, stall_summary)
+from tracekit.analysis.stalls import (
+    MIN_REL_STEP,
+    MIN_WAIT_NS,
+    StallPart,
+    StallPlan,
+    empty_stalls,
+    lost_by_rank,
+    stall_finish,
+    stall_part,
+    stall_plan,
+    stall_steps,
+    stall_summary,
+)
 from tracekit.analysis.steps import StepPart, comm_wait_by_step, step_finish, step_part
 from tracekit.analysis.window import cpu_mode_ranks, device_op_expr
 
-__all__ = ["cross_rank_sections", "cross_rank_plan", "cross_rank_part", "cross_rank_finish", "CrossRankPlan", "CrossRankPart",
-           "SECTION_KEYS"]
+__all__ = [
+    "SECTION_KEYS",
+    "CrossRankPart",
+    "CrossRankPlan",
+    "cross_rank_finish",
+    "cross_rank_part",
+    "cross_rank_plan",
+    "cross_rank_sections",
+]
 
 SECTION_KEYS = ("stalls", "collectives", "idle_causes_ns", "idle_gaps", "pcie_phases", "power", "steps", "kernel_efficiency", "findings")
 
@@ -68,7 +92,7 @@ def _short(name: str | None, n: int = 60) -> str:
     return s[:n]
 
 
-def _ms(ns: float | int | None) -> str:
+def _ms(ns: float | None) -> str:
     return f"{(ns or 0) / 1e6:.1f} ms"
 
 
@@ -387,8 +411,11 @@ def _findings(out: dict[str, Any], residual: int | None, idle: Any, pcie: pl.Dat
         for row in st.summary.sort("steps", descending=True).head(2).iter_rows(named=True):
             tps = f", {row['tokens_per_s']:.0f} tokens/s" if row.get("tokens_per_s") else ""
             bs = f" bs={row['batch_size']}" if row.get("batch_size") is not None else ""
-            found.append((0.5, f"{row['mode'] or 'Steps'}{bs}: step time p50 {_ms(row['p50_ns'])}, "
-                               f"p90 {_ms(row['p90_ns'])}, max {_ms(row['max_ns'])} over {row['steps']} step(s){tps}."))
+            # step time = host range or GPU span, whichever is longer (tracekit.analysis.steps)
+            p50, p90 = row.get("step_p50_ns", row["p50_ns"]), row.get("step_p90_ns", row["p90_ns"])
+            host = f" (host {_ms(row['p50_ns'])})" if row["p50_ns"] and p50 and p50 > 1.2 * row["p50_ns"] else ""
+            found.append((0.5, f"{row['mode'] or 'Steps'}{bs}: step time p50 {_ms(p50)}{host}, "
+                               f"p90 {_ms(p90)}, over {row['steps']} step(s){tps}."))
     if st.steps.height:
         n_no = st.steps.filter(pl.col("no_gpu")).height
         if n_no:

@@ -5,7 +5,9 @@ Steps are ``kind="step"`` rows (SGLang ``step[...]``, tracekit ``tk.fwd[...]``,
 ``step_id`` (set by the converter for ops launched inside the step range); when no
 op carries one, by the launch time (or start) falling inside the step range on the
 same rank. ``dur_ns`` is the CPU range; ``gpu_span_ns`` runs from the step's first
-GPU op start to its last GPU op end. Per-category times are summed kernel
+GPU op start to its last GPU op end; ``step_ns`` is the larger of the two (a host range
+that only launches work is shorter than the work), and tokens/s use ``step_ns``
+(summary: ``p50_ns``/``p90_ns`` of the host range, ``step_p50_ns``/``step_p90_ns`` of ``step_ns``). Per-category times are summed kernel
 durations (not exclusive). Profiled steps with no GPU op are flagged.
 """
 
@@ -20,7 +22,7 @@ from tracekit.analysis import intervals as iv
 from tracekit.analysis.gaps import gpu_ops
 from tracekit.schema import CATEGORIES
 
-__all__ = ["StepStats", "step_stats", "StepPart", "step_part", "step_finish", "comm_wait_by_step"]
+__all__ = ["StepPart", "StepStats", "comm_wait_by_step", "step_finish", "step_part", "step_stats"]
 
 
 @dataclass
@@ -75,7 +77,10 @@ def _step_table(st: pl.DataFrame, ops: pl.DataFrame, comm_wait: pl.DataFrame | N
     out = st.join(per_cat, on=["rank", "step_id"], how="left").with_columns(
         pl.col("gpu_ops").fill_null(0),
         (pl.col("_g1") - pl.col("_g0")).alias("gpu_span_ns"),
-    ).drop(["_g0", "_g1"])
+    ).drop(["_g0", "_g1"]).with_columns(
+        # the step's time: the host range, or the GPU span when the GPU runs past it (async launches)
+        pl.max_horizontal("dur_ns", pl.col("gpu_span_ns").fill_null(0)).alias("step_ns"),
+    )
     if comm_wait is not None:
         out = out.join(comm_wait, on=["rank", "step_id"], how="left").with_columns(pl.col("comm_wait_ns").fill_null(0))
     return out.with_columns(((pl.col("gpu_ops") == 0) & pl.col("profiled").fill_null(True)).alias("no_gpu")).sort(
@@ -125,7 +130,9 @@ def step_finish(parts: list[StepPart]) -> StepStats:
             pl.col("dur_ns").quantile(0.9, "nearest").alias("p90_ns"),
             pl.col("dur_ns").max().alias("max_ns"),
             pl.col("gpu_span_ns").quantile(0.5, "nearest").alias("gpu_span_p50_ns"),
-            (pl.col("tokens").sum() / (pl.col("dur_ns").sum() * 1e-9)).alias("tokens_per_s"),
+            pl.col("step_ns").quantile(0.5, "nearest").alias("step_p50_ns"),
+            pl.col("step_ns").quantile(0.9, "nearest").alias("step_p90_ns"),
+            (pl.col("tokens").sum() / (pl.col("step_ns").sum() * 1e-9)).alias("tokens_per_s"),
         )
         .sort(["mode", "batch_size"], nulls_last=True)
     )

@@ -2,9 +2,11 @@
 
 :func:`finalize_rank` is the single place where
 
-1. step annotations become ``kind="step"`` rows (``tk.fwd[...]`` > SGLang
-   ``step[...]`` > ``ProfilerStep#N``: the most specific kind present wins,
-   the others stay ranges),
+1. step annotations become ``kind="step"`` rows (grammar and precedence in
+   :mod:`tracekit.steplabels`: ``tk.fwd[...]`` > SGLang ``step[...]`` > vLLM
+   ``execute_…`` > user labels such as ``forward#i:decode:bs=N`` > ``ProfilerStep#N``;
+   the most specific kind present wins, the others stay ranges; ``RuleSet.steps_from``
+   replaces the grammar by one regex),
 2. GPU ops are joined to their launching runtime call by ``correlation``
    (``launch_ts_ns``, ``launch_dur_ns``, ``launch_tid``, ``launch_name``; a
    ``cudaGraphLaunch`` shares its correlation with all the graph's kernels),
@@ -26,50 +28,45 @@ from __future__ import annotations
 
 import polars as pl
 
-from tracekit._frames import NAME_CODE, aligned, attach, attach_rows, distinct_names, row_index
+from tracekit._frames import (
+    NAME_CODE,
+    attach_rows,
+    distinct_names,
+    row_index,
+)
 from tracekit.analysis.intervals import covered_by
 from tracekit.categories import RuleSet, default_rules
 from tracekit.schema import conform
+from tracekit.steplabels import FAMILIES, NUMBERED, choose_family, label_fields
 
-__all__ = ["finalize_rank", "STEP_PATTERNS", "parse_steps", "forward_tids", "CPU_GEMM_REGEX", "CPU_ATTENTION_REGEX", "CPU_SYNC_REGEX", "GLOO_REGEX"]
+__all__ = ["CPU_ATTENTION_REGEX", "CPU_GEMM_REGEX", "CPU_SYNC_REGEX", "GLOO_REGEX", "STEP_PATTERNS", "finalize_rank", "forward_tids", "parse_steps"]
 
 GPU_KINDS = ["kernel", "memcpy", "memset"]
 
-#: (source tag, regex) for step annotations; named groups mode, bs, tok, id.
-STEP_PATTERNS = {
-    "tk.fwd": r"^tk\.fwd\[(?P<mode>[A-Z_]+)(?: bs=(?P<bs>\d+))?(?: tok=(?P<tok>\d+))?(?P<draft> draft)?[^\]]*\]",
-    "sglang.step": r"^step\[(?P<mode>[A-Z_]+)(?: bs=(?P<bs>\d+))?(?: toks=(?P<tok>\d+))?[^\]]*\]",
-    "profiler_step": r"^ProfilerStep#(?P<id>\d+)$",
-    "numbered_step": r"^(?:step|Step|STEP|iteration|iter)[ _#-]?(?P<id>\d+)$",
-}
+#: step-label families (owned by :mod:`tracekit.steplabels`; kept here under the old name for importers)
+STEP_PATTERNS = FAMILIES
 
 
-def parse_steps(df: pl.DataFrame) -> pl.DataFrame:
-    """Turn step annotations (CPU ranges) into ``kind="step"`` rows.
+def parse_steps(df: pl.DataFrame, steps_from: str | None = None) -> pl.DataFrame:
+    """Turn step annotations (CPU ranges) into ``kind="step"`` rows (grammar: :mod:`tracekit.steplabels`).
 
-    Only the most specific family present in the rank becomes steps. SGLang
-    DECODE steps carry tokens = batch size; EXTEND steps their ``toks``.
-    Steps without an explicit id are numbered in time order from 0.
+    Only the most specific family present in the rank becomes steps (``steps_from``: only ranges
+    matching that regex). DECODE steps without a token count carry tokens = batch size. Steps are
+    numbered by their label's id when every step has one and the ids are unique (``ProfilerStep#N``,
+    ``forward#N``), else in time order from 0.
     """
     is_range = pl.col("kind") == "range"
     # regexes run on the distinct range names only; rows find theirs by the name's dictionary code
     names = distinct_names(df, is_range).rename({"name": "_sn"})
-    chosen = None
-    for tag, rx in STEP_PATTERNS.items():
-        if names.filter(pl.col("_sn").str.contains(rx)).height:
-            chosen = (tag, rx)
-            break
+    if names.height == 0:
+        return df
+    chosen = choose_family(names.get_column("_sn"), steps_from)
     if chosen is None:
         return df
     tag, rx = chosen
-    numbered = tag in ("profiler_step", "numbered_step")
-    fields = pl.col("_sn").str.extract_groups(rx).struct
-    table = names.filter(pl.col("_sn").str.contains(rx)).select(
-        "_code",
-        (fields.field("mode") if not numbered else pl.lit(None, dtype=pl.String)).cast(pl.Categorical).alias("_mode"),
-        (fields.field("bs").cast(pl.Int32, strict=False) if not numbered else pl.lit(None, dtype=pl.Int32)).alias("_bs"),
-        (fields.field("tok").cast(pl.Int64, strict=False) if not numbered else pl.lit(None, dtype=pl.Int64)).alias("_tok"),
-        (fields.field("id").cast(pl.Int64, strict=False) if numbered else pl.lit(None, dtype=pl.Int64)).alias("_sid"),
+    table = label_fields(names, tag, rx).join(names, on="_sn", how="left").select(
+        "_code", pl.col("mode").cast(pl.Categorical).alias("_mode"), pl.col("bs").alias("_bs"),
+        pl.col("tok").alias("_tok"), pl.col("id").alias("_sid"),
     )
     # the step rows (new ones and any the rank already had), by row number: the fields are computed on them only
     is_hit = is_range & NAME_CODE.is_in(table.get_column("_code").implode())
@@ -80,12 +77,16 @@ def parse_steps(df: pl.DataFrame) -> pl.DataFrame:
         .join(table, on="_code", how="left", maintain_order="left")
     )
     hit = pl.col("_hit")
+    hits = steps.filter(hit)
+    numbered = tag in NUMBERED or (
+        tag in ("user.label", "steps_from") and hits.height > 0 and hits["_sid"].null_count() == 0 and hits["_sid"].n_unique() == hits.height
+    )
     steps = steps.select(
         "_row", "ts_ns",
         pl.when(hit).then(pl.col("_mode")).otherwise(pl.col("step_mode").cast(pl.Categorical)).alias("step_mode"),
         pl.when(hit).then(pl.col("_bs")).otherwise(pl.col("batch_size")).alias("batch_size"),
         pl.when(hit).then(pl.col("_tok")).otherwise(pl.col("tokens")).alias("tokens"),
-        pl.when(hit).then(pl.col("_sid")).otherwise(pl.col("step_id")).alias("step_id"),
+        pl.when(hit).then(pl.col("_sid") if numbered else pl.lit(None, dtype=pl.Int64)).otherwise(pl.col("step_id")).alias("step_id"),
         pl.when(hit).then(pl.lit(True)).otherwise(pl.col("profiled")).alias("profiled"),
     ).with_columns(  # DECODE: one token per request
         pl.when(pl.col("tokens").is_null() & (pl.col("step_mode") == "DECODE")).then(pl.col("batch_size").cast(pl.Int64))
@@ -433,7 +434,7 @@ def finalize_rank(raw: pl.DataFrame | list[pl.DataFrame], rules: RuleSet | None 
     rules = rules or default_rules()
     df = conform(raw.pop() if isinstance(raw, list) else raw)
     del raw
-    df = parse_steps(df)
+    df = parse_steps(df, rules.steps_from)
     df = _launch_join(df)
     df = rules.categorize(df)
     df = _cpu_mode(df)

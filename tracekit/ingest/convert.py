@@ -15,19 +15,21 @@ appears atomically, and an existing file is refused without ``force``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import polars as pl
-import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
+from pyarrow import ipc
 
 from tracekit._errors import InputError, OutputError, QualityLog, TracekitError
 from tracekit._memory import release_memory, tune_runtime
@@ -36,8 +38,9 @@ from tracekit.ingest.common import finalize_rank, ts_order
 from tracekit.ingest.discover import Source, discover
 from tracekit.ingest.rankwrite import COLL_KEY, COMM, PART_ROWS, emit_frame, write_rank
 from tracekit.schema import ARROW_SCHEMA, DICT_COLUMNS, TraceWriter, conform, to_arrow
+from tracekit.steplabels import compile_steps_from
 
-__all__ = ["convert", "ConvertResult", "convert_source"]
+__all__ = ["ConvertResult", "convert", "convert_source"]
 
 _PARALLEL_MIN_BYTES = 32 << 20
 
@@ -116,13 +119,14 @@ def _finish_rank(hand: list[pl.DataFrame], meta: dict[str, Any], rules: RuleSet)
     return df
 
 
-def convert_source(src: Source, rules_path: str | None, part_dir: str, out_label: str = "") -> list[dict[str, Any]]:
+def convert_source(src: Source, rules_path: str | None, part_dir: str, out_label: str = "",
+                   steps_from: str | None = None) -> list[dict[str, Any]]:
     """Worker (``--jobs N``): read + finalize one source, write one part file per rank it holds.
 
     Returns small metadata only (one dict per rank).
     """
     tune_runtime()
-    rules = load_rules(rules_path) if rules_path else load_rules(None)
+    rules = dataclasses.replace(load_rules(rules_path) if rules_path else load_rules(None), steps_from=steps_from)
     out = []
     for hand, meta_r in _raw_ranks(src):
         df = _finish_rank(hand, meta_r, rules)
@@ -340,6 +344,7 @@ def convert(
     metadata: dict[str, Any] | None = None,
     on_progress: Callable[[int, int, str], None] | None = None,
     align: bool = True,
+    steps_from: str | None = None,
 ) -> ConvertResult:
     """Convert one capture's sources into ``out`` (see module docstring).
 
@@ -349,6 +354,7 @@ def convert(
     """
     t0 = time.perf_counter()
     tune_runtime()
+    compile_steps_from(steps_from)
     out = Path(out)
     sources = discover(inputs)
     for s in sources:
@@ -384,7 +390,7 @@ def convert(
             # each worker gets its share of the cores (set before the worker imports polars)
             with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"),
                                      initializer=init_worker, initargs=(worker_threads(jobs),)) as ex:
-                futs = {ex.submit(convert_source, s, rules_path, part_dir, str(out)): s for s in sources}
+                futs = {ex.submit(convert_source, s, rules_path, part_dir, str(out), steps_from): s for s in sources}
                 for f in as_completed(futs):
                     try:
                         metas.extend(f.result())
@@ -396,7 +402,7 @@ def convert(
         else:
             # one rank at a time, in rank order, written in the output format on a thread while the next
             # rank is read; the staged file becomes the output unless a second pass is needed (see below)
-            rules_set = load_rules(rules_path) if rules_path else load_rules(None)
+            rules_set = dataclasses.replace(load_rules(rules_path) if rules_path else load_rules(None), steps_from=steps_from)
             windows = any(s.window is not None for s in sources)
             stager = _Stager(os.path.join(part_dir, "stage.parquet"), part_dir, str(out), rules_set, extra, merge_extra=not windows)
             for s in sorted(sources, key=lambda s: (s.rank_hint is None, s.rank_hint or 0, s.window or 0)):
@@ -430,6 +436,8 @@ def convert(
             "clock_alignment": align_info,
             "rules": rules_path or "default",
         }
+        if steps_from is not None:
+            meta["steps_from"] = steps_from
         for k, v in (metadata or {}).items():
             if k == "quality":
                 continue
