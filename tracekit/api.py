@@ -28,8 +28,12 @@ def analyze(
     top: int = 5,
     ranks: Sequence[int] | None = None,
     cross_rank: bool = True,
+    steps_from: str | None = None,
 ) -> dict[str, Any]:
     """Analyze a ``trace.parquet``; returns the ``--json`` object (see docs/analyze_json.md).
+
+    ``steps_from``: a regex; ranges matching it become the steps instead of those found at
+    convert time (tracekit.steplabels). This reads the whole trace into memory once.
 
     Streams: a small cross-rank pass over lazy scans, then the per-rank analyses one rank at
     a time (``tracekit.analysis.pipeline``), so memory is one rank's rows plus the collective
@@ -37,6 +41,15 @@ def analyze(
     """
     meta = read_metadata(path)
     lf = ranks_filter(scan_trace(path), ranks)
+    if steps_from is not None:
+        from tracekit.ingest.common import resteps
+        from tracekit.steplabels import compile_steps_from
+
+        df = resteps(lf.collect(), compile_steps_from(steps_from) or steps_from)
+        res = run_analysis(FrameSource(df), {**meta, "steps_from": steps_from}, window=window, skip_steps=skip_steps,
+                           trim_transient=trim_transient, top=top, cross_rank=cross_rank)
+        res["trace"] = str(path)
+        return res
     res = run_analysis(ScanSource(path, lf), meta, window=window, skip_steps=skip_steps, trim_transient=trim_transient,
                        top=top, cross_rank=cross_rank)
     res["trace"] = str(path)

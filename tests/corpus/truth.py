@@ -12,8 +12,10 @@ Per GPU op: correlation -> launching runtime call (``cudaLaunchKernel``, ``hipEx
 classes innermost to outermost, the first that decides:
 
 * ``…Router`` / ``…Gate`` / ``…TopK…`` (``Glm4MoeTopkRouter``, ``Qwen3MoeTopKRouter``, SGLang ``TopK``) -> moe_routing
-* ``…Experts`` / ``FusedMoE`` -> moe_gemm for GEMM ops (mm, bmm, addmm, linear, grouped_mm), moe_routing for
-  dispatch ops (index, nonzero/where, index_add_, gather/scatter, sort, histc, one_hot, cumsum, topk), else other_compute
+* ``…Experts`` / ``FusedMoE`` -> moe_gemm for GEMM ops (mm, bmm, addmm, linear, grouped_mm), other_compute for the
+  activation (an activation module such as ``SiLUActivation``, or aten silu/gelu/relu/sigmoid), moe_routing for the rest:
+  dispatch and combine (index, nonzero/where, index_add_, gather/scatter, sort, histc, masked_fill, the routing-weight mul,
+  sum over top-k, copies)
 * ``…SparseMoeBlock`` / ``…MoE`` (outside experts, router, shared-expert MLP) -> moe_routing (dispatch and combine)
 * ``…Linear`` -> dense_gemm (inside Experts: moe_gemm, inside a router: moe_routing)
 * ``…Norm`` (RMSNorm, LayerNorm) and ``…Embedding`` (incl. RotaryEmbedding) -> other_compute
@@ -62,6 +64,7 @@ DISPATCH_OPS = re.compile(
     r"^aten::(index|index_select|index_add_?|index_put_?|nonzero|nonzero_static|where|argwhere|gather|scatter|scatter_add_?"
     r"|scatter_reduce_?|one_hot|sort|argsort|histc|bincount|cumsum|topk|repeat_interleave|searchsorted|masked_select|unique\w*)$"
 )
+ACT_OPS = re.compile(r"^aten::(silu|gelu|relu|sigmoid|tanh|silu_|gelu_|relu_|mish|hardswish|glu)$")
 COMM_NAME = re.compile(r"(?i)^nccl|^rccl|ncclDevKernel|ncclKernel|cross_device_reduce|all_reduce|allreduce|multimem_|one_shot|two_shot|mscclpp|quickreduce|deep_ep|nvshmem")
 
 LAUNCH = re.compile(r"(?i)launch|memcpy|memset|graphlaunch")
@@ -88,14 +91,16 @@ def classify(chain_mods: list[str], chain_ops: list[str], kind: str, name: str) 
     is_gemm = any(GEMM_OPS.match(o) for o in chain_ops[:2])
     for i, cls in enumerate(chain_mods):
         outer = chain_mods[i + 1:]
+        if MLP.search(cls) and any(EXPERTS.search(c) for c in outer):  # the experts' activation module
+            return "other_compute"
         if ROUTER.search(cls) and not MLP.search(cls):
             return "moe_routing"
         if EXPERTS.search(cls):
             if is_gemm:
                 return "moe_gemm"
-            if any(DISPATCH_OPS.match(o) for o in chain_ops[:2]):
-                return "moe_routing"
-            return "other_compute"
+            if any(ACT_OPS.match(o) for o in chain_ops[:2]):
+                return "other_compute"
+            return "moe_routing"
         if LINEAR.search(cls):
             if any(EXPERTS.search(c) for c in outer):
                 return "moe_gemm"

@@ -15,50 +15,26 @@ once on the whole frame) and :func:`cross_rank_finish` (exact reduce of the part
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 import polars as pl
 
 from tracekit._errors import QualityLog
 from tracekit.analysis.align import AlignResult, apply_offsets, solve_clock_offsets
-from tracekit.analysis.collectives import (
-    collective_ops,
-    collective_quality,
-    collective_summary,
-    match_collectives,
-    split_communication,
-)
+from tracekit.analysis.collectives import (collective_ops, collective_quality, collective_summary, match_collectives,
+                                           split_communication)
 from tracekit.analysis.efficiency import efficiency_finish, kernel_efficiency
 from tracekit.analysis.gaps import IdleCauses, idle_causes, restrict_to_spans
 from tracekit.analysis.pcie import PciePart, pcie_finish, pcie_part
 from tracekit.analysis.power import PowerResult, power_finish, power_part
-from tracekit.analysis.stalls import (
-    MIN_REL_STEP,
-    MIN_WAIT_NS,
-    StallPart,
-    StallPlan,
-    empty_stalls,
-    lost_by_rank,
-    stall_finish,
-    stall_part,
-    stall_plan,
-    stall_steps,
-    stall_summary,
-)
+from tracekit.analysis.stalls import (MIN_REL_STEP, MIN_WAIT_NS, StallPart, StallPlan, empty_stalls, lost_by_rank, stall_finish,
+                                      stall_part, stall_plan, stall_steps, stall_summary)
 from tracekit.analysis.steps import StepPart, comm_wait_by_step, step_finish, step_part
 from tracekit.analysis.window import cpu_mode_ranks, device_op_expr
 
-__all__ = [
-    "SECTION_KEYS",
-    "CrossRankPart",
-    "CrossRankPlan",
-    "cross_rank_finish",
-    "cross_rank_part",
-    "cross_rank_plan",
-    "cross_rank_sections",
-]
+__all__ = ["cross_rank_sections", "cross_rank_plan", "cross_rank_part", "cross_rank_finish", "CrossRankPlan", "CrossRankPart",
+           "SECTION_KEYS"]
 
 SECTION_KEYS = ("stalls", "collectives", "idle_causes_ns", "idle_gaps", "pcie_phases", "power", "steps", "kernel_efficiency", "findings")
 
@@ -92,7 +68,7 @@ def _short(name: str | None, n: int = 60) -> str:
     return s[:n]
 
 
-def _ms(ns: float | None) -> str:
+def _ms(ns: float | int | None) -> str:
     return f"{(ns or 0) / 1e6:.1f} ms"
 
 

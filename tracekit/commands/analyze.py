@@ -26,11 +26,12 @@ def register(app: typer.Typer) -> None:
         top: int = typer.Option(5, "--top", help="Kernels listed per category."),
         html: Optional[Path] = typer.Option(None, "--html", help="Also write the timeline HTML to this file."),
         force: bool = typer.Option(False, "--force", help="Overwrite --html output."),
+        steps_from: Optional[str] = typer.Option(None, "--steps-from", help="Regex: CPU ranges whose name matches are the steps (named groups id, mode, bs, tok optional)."),
     ) -> None:
         """Analyze a trace: exclusive time split per rank, top kernels, collectives, stalls, idle causes, PCIe, power, steps."""
         from tracekit.api import analyze
 
-        res = analyze(trace, window=window, skip_steps=skip_steps, trim_transient=not no_trim, top=top)
+        res = analyze(trace, window=window, skip_steps=skip_steps, trim_transient=not no_trim, top=top, steps_from=steps_from)
         if html is not None:
             from tracekit.schema import read_trace
 

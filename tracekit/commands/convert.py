@@ -22,11 +22,12 @@ def register(app: typer.Typer) -> None:
         rules: Optional[Path] = typer.Option(None, "--rules", help="Extra category rules (JSON/YAML), tried before the defaults."),
         jobs: Optional[int] = typer.Option(None, "-j", "--jobs", help="Ranks converted at once. Default 1: one rank at a time, its JSON decoded by all cores (memory of one rank). N>1: N ranks in worker processes, ~N x the memory."),
         quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar or summary."),
+        steps_from: Optional[str] = typer.Option(None, "--steps-from", help="Regex: CPU ranges whose name matches are the steps (named groups id, mode, bs, tok optional); default: the built-in step-label grammar."),
     ) -> None:
         """Convert torch.profiler/Kineto JSON (SGLang per-rank files included) or Nsight Systems exports into one trace.parquet."""
         from tracekit.ingest.convert import convert
 
-        res = convert(inputs, out, force=force, rules=rules, jobs=jobs, progress=not quiet)
+        res = convert(inputs, out, force=force, rules=rules, jobs=jobs, progress=not quiet, steps_from=steps_from)
         if not quiet:
             mb = res.input_bytes / 1e6
             typer.echo(

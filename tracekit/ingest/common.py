@@ -28,18 +28,14 @@ from __future__ import annotations
 
 import polars as pl
 
-from tracekit._frames import (
-    NAME_CODE,
-    attach_rows,
-    distinct_names,
-    row_index,
-)
+from tracekit._frames import NAME_CODE, aligned, attach, attach_rows, distinct_names, row_index  # noqa: F401
 from tracekit.analysis.intervals import covered_by
 from tracekit.categories import RuleSet, default_rules
 from tracekit.schema import conform
 from tracekit.steplabels import FAMILIES, NUMBERED, choose_family, label_fields
 
-__all__ = ["CPU_ATTENTION_REGEX", "CPU_GEMM_REGEX", "CPU_SYNC_REGEX", "GLOO_REGEX", "STEP_PATTERNS", "finalize_rank", "forward_tids", "parse_steps"]
+__all__ = ["CPU_ATTENTION_REGEX", "CPU_GEMM_REGEX", "CPU_SYNC_REGEX", "GLOO_REGEX", "STEP_PATTERNS", "finalize_rank", "forward_tids", "parse_steps",
+           "resteps"]
 
 GPU_KINDS = ["kernel", "memcpy", "memset"]
 
@@ -443,6 +439,25 @@ def finalize_rank(raw: pl.DataFrame | list[pl.DataFrame], rules: RuleSet | None 
     df = _assign_steps(df)
     df = conform(df)
     return df.sort("ts_ns", maintain_order=True) if sort else df
+
+
+def resteps(df: pl.DataFrame, steps_from: str) -> pl.DataFrame:
+    """Re-derive the steps of a finalized frame (any ranks) from ``steps_from`` (``analyze --steps-from``).
+
+    Step rows that came from ranges become ranges again, every ``step_id`` is cleared, then
+    :func:`parse_steps` and the step assignment run per rank as in :func:`finalize_rank`.
+    Capture-side step records without a range (``profiled`` false) are dropped: the regex decides.
+    """
+    kind = pl.col("kind").cast(pl.String)
+    back = df.filter(~((kind == "step") & (pl.col("profiled") == False))).with_columns(  # noqa: E712
+        pl.when(kind == "step").then(pl.lit("range")).otherwise(kind).cast(pl.Categorical).alias("kind"),
+        pl.lit(None, dtype=pl.Int64).alias("step_id"),
+        *[pl.when(kind == "step").then(pl.lit(None, dtype=t)).otherwise(pl.col(c)).alias(c)
+          for c, t in (("step_mode", pl.String), ("batch_size", pl.Int32), ("tokens", pl.Int64))],
+    )
+    parts = [_assign_steps(parse_steps(conform(g), steps_from)) for _, g in back.group_by("rank", maintain_order=True)]
+    out = conform(pl.concat(parts, how="vertical_relaxed")) if parts else conform(back)
+    return out.sort(["rank", "ts_ns"], maintain_order=True)
 
 
 def ts_order(df: pl.DataFrame) -> pl.Series:

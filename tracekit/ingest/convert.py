@@ -21,15 +21,14 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator, Sequence
 
 import polars as pl
+import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
-from pyarrow import ipc
 
 from tracekit._errors import InputError, OutputError, QualityLog, TracekitError
 from tracekit._memory import release_memory, tune_runtime
@@ -40,7 +39,7 @@ from tracekit.ingest.rankwrite import COLL_KEY, COMM, PART_ROWS, emit_frame, wri
 from tracekit.schema import ARROW_SCHEMA, DICT_COLUMNS, TraceWriter, conform, to_arrow
 from tracekit.steplabels import compile_steps_from
 
-__all__ = ["ConvertResult", "convert", "convert_source"]
+__all__ = ["convert", "ConvertResult", "convert_source"]
 
 _PARALLEL_MIN_BYTES = 32 << 20
 
@@ -350,7 +349,8 @@ def convert(
 
     ``rules``: a rules file path (extends the defaults). ``extra_frames``:
     schema rows from the capture (step records, counters, markers) merged by
-    rank. ``metadata``: merged into the footer metadata.
+    rank. ``metadata``: merged into the footer metadata. ``steps_from``: a regex;
+    ranges matching it are the steps instead of the built-in grammar (tracekit.steplabels).
     """
     t0 = time.perf_counter()
     tune_runtime()
