@@ -108,8 +108,10 @@ def test_analyze_stalls_breakdown_idle(straggler: Path) -> None:
     assert idle["0"]["waiting_on_peer"] == DELAY_US * 1000
     # the top-level readback (aten::item) sits in a 44 µs gap per step (router end → grouped GEMM start)
     assert idle["0"]["host_sync"] == idle["1"]["host_sync"] == 44_000 * N_STEPS
-    # rank 1's sleep at the start of step 1 is idle between the steps
-    assert idle["1"]["between_steps"] - idle["0"]["between_steps"] == DELAY_US * 1000
+    # rank 1's sleep at the start of step 1 is idle between the steps, with no operator on its thread: host idle
+    assert idle["1"]["host_idle"] - idle["0"]["host_idle"] == DELAY_US * 1000
+    assert idle["1"]["between_steps"] == idle["0"]["between_steps"]
+    assert idle["1"]["launch_bound"] == idle["0"]["launch_bound"]
     assert res["steps"]["without_gpu"] == 0
     assert any("for rank 1" in f for f in res["findings"])
 

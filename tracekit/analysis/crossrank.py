@@ -25,6 +25,7 @@ from tracekit.analysis.align import AlignResult, apply_offsets, solve_clock_offs
 from tracekit.analysis.collectives import (collective_ops, collective_quality, collective_summary, match_collectives,
                                            split_communication)
 from tracekit.analysis.efficiency import efficiency_finish, kernel_efficiency
+from tracekit.analysis.findings import cross_rank_candidates, rank_findings
 from tracekit.analysis.gaps import IdleCauses, idle_causes, restrict_to_spans
 from tracekit.analysis.pcie import PciePart, pcie_finish, pcie_part
 from tracekit.analysis.power import PowerResult, power_finish, power_part
@@ -38,38 +39,6 @@ __all__ = ["cross_rank_sections", "cross_rank_plan", "cross_rank_part", "cross_r
 
 SECTION_KEYS = ("stalls", "collectives", "idle_causes_ns", "idle_gaps", "pcie_phases", "power", "steps", "kernel_efficiency", "findings")
 
-_CAUSE_WORDS = {
-    "delayed_forward": "its forward step started late",
-    "host_sync": "it was blocked in a host sync",
-    "cpu_launch_gap": "its CPU launched late (GPU idle, no sync)",
-    "preceding_kernels": "its own kernels ran longer",
-}
-#: CPU mode (docs/cpu_mode.md): the forward thread is the "device", so causes read differently
-_CPU_WORDS = {
-    "cpu_launch_gap": "its forward thread was busy elsewhere or sleeping (no operator, no readback)",
-    "launch_bound": "in host overhead between operators (Python, dispatcher)",
-    "host_sync": "around host readbacks (.item(), .tolist())",
-    "host_idle": "with its forward thread inactive (no operator for ≥ 1 ms: sleep, waiting for input)",
-}
-_IDLE_WORDS = {
-    "between_steps": "between forward steps (scheduler/host)",
-    "host_sync": "after host syncs",
-    "launch_bound": "waiting for kernel launches (launch-bound: the host thread was busy issuing work)",
-    "host_idle": "while the launching thread was inactive (no host call for ≥ 1 ms: sleep, waiting for input, untraced Python)",
-    "other": "on queued work (dependencies)",
-}
-
-
-def _short(name: str | None, n: int = 60) -> str:
-    """Readable kernel name: no ``void``, no arguments, no template arguments."""
-    s = (name or "").removeprefix("void ")
-    s = s.split("(", 1)[0] if not s.startswith("Memcpy") and not s.startswith("Memset") else s
-    s = s.split("<", 1)[0] or s
-    return s[:n]
-
-
-def _ms(ns: float | int | None) -> str:
-    return f"{(ns or 0) / 1e6:.1f} ms"
 
 
 def _window_bounds(win: Any) -> tuple[int | None, int | None]:
@@ -304,7 +273,9 @@ def cross_rank_finish(plan: CrossRankPlan, parts: list[CrossRankPart]) -> dict[s
     extents = _concat([p.extents for p in parts], {"rank": pl.Int64, "w": pl.Int64})
     wmap = {int(r): int(w) for r, w in zip(extents["rank"].to_list(), extents["w"].to_list())} if extents.height else {}
     cpu = sum(p.rows for p in parts) > 0 and sum(p.gpu_rows for p in parts) == 0
-    out["findings"] = _findings(out, al.residual_ns, idle, pcie, pw, st, eff, wmap, cpu, observed)
+    cands = cross_rank_candidates(out, al.residual_ns, idle, pcie, pw, st, eff, wmap, cpu, observed)
+    out["findings"] = rank_findings(cands, residual_ns=al.residual_ns)
+    out["_candidates"] = cands  # for the one ranker in :mod:`tracekit.analysis.pipeline` (not JSON)
     return out
 
 
@@ -333,77 +304,6 @@ def cross_rank_sections(df: pl.DataFrame, meta: Mapping[str, Any], opts: Mapping
     ranks = sorted(int(r) for r in df.get_column("rank").unique().to_list())
     plan = cross_rank_plan(df, meta, opts, ranks=ranks, cpu_ranks=cpu_mode_ranks(df))
     out = cross_rank_finish(plan, [cross_rank_part(df, plan)])
+    out.pop("_candidates", None)
     out["_comm_parts"] = plan.comm_parts(df)
     return out
-
-
-def _findings(out: dict[str, Any], residual: int | None, idle: Any, pcie: pl.DataFrame, pw: Any, st: Any, eff: pl.DataFrame,
-              wmap: dict[int, int], cpu: bool, observed: dict[int, int] | None = None) -> list[str]:
-    """``wmap``: per rank, the extent of its device ops in the window; ``cpu``: the window holds rows but no GPU op."""
-    found: list[tuple[float, str]] = []  # (importance in ns, sentence)
-    # stalls: who waited for whom, and why
-    ssum = out["collectives"]["stall_summary"]
-    for row in ssum[:5]:
-        waiting = ", ".join(str(r) for r in row["waiting_ranks"])
-        why = (_CPU_WORDS if cpu and row["cause"] == "cpu_launch_gap" else _CAUSE_WORDS).get(row["cause"], row["cause"])
-        det = f" ({_short(row['top_detail'])})" if row.get("top_detail") and row["cause"] in ("host_sync", "preceding_kernels") else ""
-        found.append((row["lost_ns"], f"Rank(s) {waiting} lost {_ms(row['lost_ns'])} in {row['count']} collective wait(s) "
-                                      f"for rank {row['late_rank']}: {why}{det}."))
-    # communication split
-    for g in out["collectives"]["groups"]:
-        ws = g.get("wait_share")
-        if ws is not None and g["kernel_ns"] > 0 and ws >= 0.3:
-            found.append((g["wait_ns"], f"{g['coll_name']} ({g['pg']}): {ws:.0%} of its {_ms(g['kernel_ns'])} kernel time is "
-                                        f"waiting for the last rank, {1 - ws:.0%} is transfer — a faster interconnect would not help much."))
-    for r in out["collectives"]["per_rank"]:
-        if r["kernel_ns"] > 0 and r["wait_ns"] / r["kernel_ns"] >= 0.5:
-            found.append((r["wait_ns"] * 0.5, f"Rank {r['rank']}: {r['wait_ns'] / r['kernel_ns']:.0%} of its collective time "
-                                              f"({_ms(r['wait_ns'])} of {_ms(r['kernel_ns'])}) is waiting on peers."))
-    # idle causes
-    if idle.totals.height:
-        if observed:
-            wmap = {r: min(w, observed.get(r, w)) for r, w in wmap.items()}
-        for row in idle.totals.filter(pl.col("cause") != "waiting_on_peer").sort("total_ns", descending=True, maintain_order=True).head(4).iter_rows(named=True):
-            w = wmap.get(int(row["rank"]), 0)
-            if w and row["total_ns"] / w >= 0.05:
-                c = row["cause"]
-                words = _CPU_WORDS[c] if cpu and c in _CPU_WORDS else _IDLE_WORDS.get(c, c)
-                found.append((row["total_ns"], f"Rank {row['rank']} {'idle (CPU mode)' if cpu else 'GPU idle'} {_ms(row['total_ns'])} "
-                                               f"({row['total_ns'] / w:.0%} of its window) {words}, {row['count']} gap(s)."))
-    # PCIe
-    if pcie.height:
-        tot = int(pcie["dur_ns"].sum())
-        ranks = ", ".join(str(r) for r in sorted(set(pcie["rank"].to_list())))
-        durs = pcie.explode("during")["during"].drop_nulls()
-        top = durs.value_counts(sort=True).head(2)["during"].to_list() if durs.len() else []
-        with_ = f"; meanwhile: {', '.join(_short(t) for t in top)}" if top else ""
-        found.append((tot, f"{pcie.height} PCIe-bound phase(s) on rank(s) {ranks}, {_ms(tot)} in total, up to "
-                           f"{pcie['pct_of_link'].max():.0f}% of the link{with_}."))
-    # power
-    for v in pw.verdicts:
-        found.append((1.0, v + "."))
-    # steps
-    if st.summary.height:
-        for row in st.summary.sort("steps", descending=True).head(2).iter_rows(named=True):
-            tps = f", {row['tokens_per_s']:.0f} tokens/s" if row.get("tokens_per_s") else ""
-            bs = f" bs={row['batch_size']}" if row.get("batch_size") is not None else ""
-            # step time = host range or GPU span, whichever is longer (tracekit.analysis.steps)
-            p50, p90 = row.get("step_p50_ns", row["p50_ns"]), row.get("step_p90_ns", row["p90_ns"])
-            host = f" (host {_ms(row['p50_ns'])})" if row["p50_ns"] and p50 and p50 > 1.2 * row["p50_ns"] else ""
-            found.append((0.5, f"{row['mode'] or 'Steps'}{bs}: step time p50 {_ms(p50)}{host}, "
-                               f"p90 {_ms(p90)}, over {row['steps']} step(s){tps}."))
-    if st.steps.height:
-        n_no = st.steps.filter(pl.col("no_gpu")).height
-        if n_no:
-            found.append((0.4, f"{n_no} profiled step(s) have no GPU events attributed."))
-    # efficiency
-    if eff.height:
-        bad = eff.filter(pl.col("flag") == "moe_untuned")
-        if bad.height:
-            worst = bad.sort("gpu_ns", descending=True).row(0, named=True)
-            found.append((float(bad["gpu_ns"].sum()), f"{bad.height} MoE GEMM shape(s) run far below roofline (e.g. {worst['op']} "
-                                                       f"{worst['input_dims']} in {_short(worst['kernel'])}: {worst['efficiency']:.0%} of its ceiling): likely untuned kernel configs."))
-    if residual is not None and residual > 50_000:
-        found.append((float(residual), f"Clock alignment residual is {residual / 1e3:.0f} µs: cross-rank waits below that are not reliable."))
-    found.sort(key=lambda t: -t[0])
-    return [s for _, s in found]

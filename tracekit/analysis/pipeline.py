@@ -37,10 +37,11 @@ import polars as pl
 from tracekit._errors import InputError, QualityLog
 from tracekit.analysis.breakdown import (breakdown_finish, compute_breakdown, kernel_totals, merge_kernel_totals, top_kernels,
                                          uncategorized_top)
+from tracekit.analysis.findings import basic_candidates, basic_findings, rank_findings
 from tracekit.analysis.gaps import SYNC_REGEX, host_activity
 from tracekit.analysis.window import Window, parse_time_range, select_window, trace_overview
 
-__all__ = ["ANALYSIS_COLUMNS", "analysis_rows_expr", "FrameSource", "ScanSource", "run_analysis", "ANALYSIS_VERSION"]
+__all__ = ["basic_findings", "ANALYSIS_COLUMNS", "analysis_rows_expr", "FrameSource", "ScanSource", "run_analysis", "ANALYSIS_VERSION"]
 
 #: Version of the analyze JSON object (bumped on incompatible changes).
 ANALYSIS_VERSION = 1
@@ -251,25 +252,31 @@ def _result(meta: Mapping[str, Any], win: Window, bd: Any, totals: pl.DataFrame 
         "top_kernels": top_by_cat,
         "uncategorized_top": [dict(r) for r in unc.iter_rows(named=True)],
     }
+    cands = extra.pop("_candidates", None)
     res.update(extra)
-    res.setdefault("findings", basic_findings(res))
-    res["quality"] = [q.to_json() for q in quality]
+    # one ranker for every finding (tracekit.analysis.findings); without the cross-rank pass, the breakdown's own
+    base = basic_candidates(res, meta)
+    if cands is not None:
+        base = [f for f in base if f.headline]
+    resid = ((res.get("collectives") or {}).get("clock_alignment") or {}).get("residual_ns")
+    res["findings"] = rank_findings(base + list(cands or []), residual_ns=resid)
+    res["quality"] = _once([q.to_json() for q in quality])
     return res
 
 
-def basic_findings(res: dict[str, Any]) -> list[str]:
-    """Plain-words headline from the breakdown alone (cross-rank analysis adds more)."""
-    o = res["overall"]
-    w = o["window_ns"] or 1
-    t = o["time_ns"]
-    parts = sorted(((k, v) for k, v in t.items()), key=lambda kv: -kv[1])
-    out = []
-    if parts:
-        k, v = parts[0]
-        out.append(f"Largest share of GPU time: {k} at {100 * v / w:.1f}% of the window (all ranks).")
-    idle = t.get("idle", 0)
-    if idle / w > 0.2:
-        out.append(f"GPUs are idle {100 * idle / w:.1f}% of the window.")
+def _once(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each (code, rank, message) once — the trace's stored flags and the analysis' own repeat some;
+    the entry with details wins, at the first one's position."""
+    pos: dict[tuple[Any, ...], int] = {}
+    out: list[dict[str, Any]] = []
+    for q in items:
+        k = (q.get("code"), q.get("rank"), q.get("message"))
+        if k in pos:
+            if q.get("details") and not out[pos[k]].get("details"):
+                out[pos[k]] = q
+            continue
+        pos[k] = len(out)
+        out.append(q)
     return out
 
 

@@ -16,6 +16,8 @@ later with ``python -m tracekit.capture.assemble DIR -o trace.parquet``.
 
 from __future__ import annotations
 
+import os
+
 import json
 import re
 import statistics
@@ -192,8 +194,17 @@ def build_metadata(
         "profiler_windows": meta0.get("profiler_windows", []),
         "ground_truth": gt,
         "summary": summarize_steps((m0.get("steps") or [])),
+        # the cores the ranks shared (builtin ranks run on this host): findings detect CPU oversubscription with it
+        "host": {"cpus": _host_cpus()},
     }
     return {"world_size": world, "ranks": ranks, "capture": capture, "quality": [q.to_json() for q in quality]}
+
+
+def _host_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def assemble(

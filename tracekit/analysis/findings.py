@@ -1,0 +1,265 @@
+"""The findings of ``tracekit analyze``: candidates from every analysis, one ranker.
+
+Every analysis proposes :class:`Finding` candidates; :func:`rank_findings` is the only place that
+orders, gates and words them, so two findings cannot contradict each other:
+
+* **importance**: ``weight`` = the time (ns) the finding accounts for; a headline (``headline=True``,
+  e.g. CPU oversubscription, which invalidates every other figure) comes first;
+* **clock gate**: a cross-rank wait finding (``cross_rank=True``) whose typical single wait
+  (``per_event_ns``) is below the clock alignment residual is withheld — the residual finding says
+  how many were withheld instead; one whose wait is within 3× the residual is stated as tentative;
+* **sample gate**: step-time percentiles need ≥ 3 steps (``samples``); fewer are stated without p90;
+* **once**: identical sentences and repeated codes for the same subject are stated once.
+
+The sentences' numbers are defined in ``docs/metrics.md``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+import polars as pl
+
+__all__ = ["Finding", "rank_findings", "basic_candidates", "cross_rank_candidates", "basic_findings", "host_cpus",
+           "is_collective_name", "RESIDUAL_WARN_NS"]
+
+#: clock alignment residual above which cross-rank waits are gated
+RESIDUAL_WARN_NS = 50_000
+_COLL_RE = re.compile(r"(?i)nccl|gloo|rccl|all_?reduce|all_?gather|reduce_?scatter|broadcast|all_?to_?all|sendrecv|c10d::|cross_device_reduce")
+
+
+def is_collective_name(name: str | None) -> bool:
+    """A collective kernel or CPU-mode collective range (never a rank's "own" compute)."""
+    return bool(name) and bool(_COLL_RE.search(name or ""))
+
+
+@dataclass
+class Finding:
+    """One candidate sentence. ``code``: kind of finding; ``subject``: what it is about (rank, group);
+    ``weight``: ns it accounts for; ``per_event_ns``: a typical single wait (cross-rank findings);
+    ``samples``: how many observations it rests on; ``evidence``: appended in parentheses when set."""
+
+    code: str
+    text: str
+    weight: float
+    subject: str = ""
+    cross_rank: bool = False
+    per_event_ns: float | None = None
+    samples: int | None = None
+    headline: bool = False
+    tentative_text: str | None = None
+
+
+def rank_findings(cands: Iterable[Finding], *, residual_ns: int | None = None) -> list[str]:
+    """Order, gate and deduplicate candidates (module doc); returns the sentences, most important first."""
+    out: list[tuple[int, float, str]] = []
+    withheld = 0
+    seen_text: set[str] = set()
+    seen_key: set[tuple[str, str]] = set()
+    resid_f: Finding | None = None
+    gate = residual_ns is not None and residual_ns > RESIDUAL_WARN_NS
+    for f in cands:
+        if f.code == "clock_residual":
+            resid_f = f
+            continue
+        text = f.text
+        if gate and f.cross_rank and f.per_event_ns is not None:
+            assert residual_ns is not None
+            if f.per_event_ns < residual_ns:
+                withheld += 1
+                continue
+            if f.per_event_ns < 3 * residual_ns:
+                text = f"Tentative (waits of ~{f.per_event_ns / 1e3:.0f} µs vs a {residual_ns / 1e3:.0f} µs clock residual): " + (
+                    f.tentative_text or text[0].lower() + text[1:])
+        key = (f.code, f.subject)
+        if text in seen_text or (f.subject and key in seen_key):
+            continue
+        seen_text.add(text)
+        if f.subject:
+            seen_key.add(key)
+        out.append((0 if f.headline else 1, -f.weight, text))
+    if gate:
+        assert residual_ns is not None
+        w = f" {withheld} cross-rank wait finding(s) with waits below it are withheld." if withheld else ""
+        txt = resid_f.text if resid_f is not None else (
+            f"Clock alignment residual is {residual_ns / 1e3:.0f} µs: cross-rank waits below that are not reliable.")
+        # stated before the cross-rank findings it qualifies
+        out.append((1, -math.inf if withheld else -float(residual_ns), txt + w))
+    out.sort(key=lambda t: (t[0], t[1]))
+    return [t for _, _, t in out]
+
+
+def host_cpus(meta: Mapping[str, Any] | None) -> int | None:
+    """CPU cores available to the ranks of one host, from the capture metadata (None when unknown)."""
+    if not meta:
+        return None
+    cap = meta.get("capture") if isinstance(meta.get("capture"), Mapping) else {}
+    for src in ((cap or {}).get("host"), meta.get("host")):
+        if isinstance(src, Mapping) and src.get("cpus"):
+            return int(src["cpus"])
+    v = meta.get("host_cpus")
+    return int(v) if v else None
+
+
+def basic_candidates(res: Mapping[str, Any], meta: Mapping[str, Any] | None = None) -> list[Finding]:
+    """Candidates from the breakdown alone: largest share, idle share, CPU oversubscription."""
+    o = res["overall"]
+    w = o["window_ns"] or 1
+    t = o["time_ns"]
+    parts = sorted(((k, v) for k, v in t.items()), key=lambda kv: -kv[1])
+    out: list[Finding] = []
+    cpu = res.get("device_mode") == "cpu"
+    ranks = len(res.get("ranks") or []) or int(res.get("world_size") or 0)
+    cores = host_cpus(meta)
+    over = cpu and cores is not None and ranks > cores
+    if over:
+        comm = {k: v for k, v in t.items() if k.startswith("comm") or k == "communication"}
+        top_comm = max(comm.items(), key=lambda kv: kv[1]) if comm else None
+        share = f": {top_comm[0]} at {100 * top_comm[1] / w:.0f}% of the window is mostly ranks waiting for a core, not data movement" if top_comm and top_comm[1] / w >= 0.2 else ""
+        out.append(Finding("cpu_oversubscribed", f"CPU oversubscribed: {ranks} ranks share {cores} CPU core(s){share}; "
+                                                 f"rerun with at most {cores} rank(s) (--ranks {cores}) before reading other figures.",
+                           float(w), headline=True))
+    unit = "time" if cpu else "GPU time"
+    if parts:
+        k, v = parts[0]
+        qual = " (inflated by oversubscription)" if over and (k.startswith("comm") or k == "communication") else ""
+        out.append(Finding("largest_share", f"Largest share of {unit}: {k} at {100 * v / w:.1f}% of the window (all ranks){qual}.",
+                           float(v) * 0.5))
+    idle = t.get("idle", 0)
+    if idle / w > 0.2:
+        out.append(Finding("idle_share", f"{'Ranks' if cpu else 'GPUs'} are idle {100 * idle / w:.1f}% of the window.", float(idle) * 0.5))
+    return out
+
+
+def basic_findings(res: dict[str, Any], meta: Mapping[str, Any] | None = None) -> list[str]:
+    """Plain-words headline from the breakdown alone (cross-rank analysis adds more)."""
+    return rank_findings(basic_candidates(res, meta))
+
+
+# --- cross-rank candidates -----------------------------------------------------------------------------------------
+
+_CAUSE_WORDS = {
+    "delayed_forward": "its forward step started late",
+    "host_sync": "it was blocked in a host sync",
+    "cpu_launch_gap": "its CPU launched late (GPU idle, no sync)",
+    "preceding_kernels": "its own kernels ran longer",
+}
+#: CPU mode (docs/cpu_mode.md): the forward thread is the "device", so causes read differently
+_CPU_WORDS = {
+    "cpu_launch_gap": "its forward thread was busy elsewhere or sleeping (no operator, no readback)",
+    "launch_bound": "in host overhead between operators (Python, dispatcher)",
+    "host_sync": "around host readbacks (.item(), .tolist())",
+    "host_idle": "with its forward thread inactive (no operator for ≥ 1 ms: sleep, waiting for input)",
+}
+_IDLE_WORDS = {
+    "between_steps": "between forward steps (scheduler/host)",
+    "host_sync": "after host syncs",
+    "launch_bound": "waiting for kernel launches (launch-bound: the host thread was busy issuing work)",
+    "host_idle": "while the launching thread was inactive (no host call for ≥ 1 ms: sleep, waiting for input, untraced Python)",
+    "other": "on queued work (dependencies)",
+}
+
+
+def _short(name: str | None, n: int = 60) -> str:
+    """Readable kernel name: no ``void``, no arguments, no template arguments."""
+    s = (name or "").removeprefix("void ")
+    s = s.split("(", 1)[0] if not s.startswith("Memcpy") and not s.startswith("Memset") else s
+    s = s.split("<", 1)[0] or s
+    return s[:n]
+
+
+def _ms(ns: float | None) -> str:
+    return f"{(ns or 0) / 1e6:.1f} ms"
+
+
+def cross_rank_candidates(out: Mapping[str, Any], residual: int | None, idle: Any, pcie: pl.DataFrame, pw: Any, st: Any,
+                          eff: pl.DataFrame, wmap: dict[int, int], cpu: bool, observed: dict[int, int] | None = None,
+                          extra: Iterable[Finding] = ()) -> list[Finding]:
+    """Candidates of the cross-rank analyses. ``wmap``: per rank, the extent of its device ops in the window;
+    ``cpu``: the window holds rows but no GPU op; ``extra``: more candidates (efficiency, interconnect ...)."""
+    found: list[Finding] = list(extra)
+    # stalls: who waited for whom, and why
+    for row in out["collectives"]["stall_summary"][:5]:
+        waiting = ", ".join(str(r) for r in row["waiting_ranks"])
+        cause = row["cause"]
+        det_name = row.get("top_detail")
+        if cause == "preceding_kernels" and is_collective_name(det_name):
+            why, det = "it was still in an earlier collective", f" ({_short(det_name)})"
+        else:
+            why = (_CPU_WORDS if cpu and cause == "cpu_launch_gap" else _CAUSE_WORDS).get(cause, cause)
+            det = f" ({_short(det_name)})" if det_name and cause in ("host_sync", "preceding_kernels") else ""
+        n = int(row["count"]) or 1
+        found.append(Finding("stall", f"Rank(s) {waiting} lost {_ms(row['lost_ns'])} in {row['count']} collective wait(s) "
+                                      f"for rank {row['late_rank']}: {why}{det}.", float(row["lost_ns"]),
+                             subject=f"{row['late_rank']}:{cause}", cross_rank=True, per_event_ns=row["lost_ns"] / n, samples=n))
+    # communication split (the interconnect verdict, when given, replaces the generic sentence)
+    have_ic = {f.subject for f in found if f.code == "interconnect"}
+    n_inst = max(int(out["collectives"].get("instances") or 0), 1)
+    for g in out["collectives"]["groups"]:
+        ws = g.get("wait_share")
+        if ws is not None and g["kernel_ns"] > 0 and ws >= 0.3 and f"{g['coll_name']}:{g['pg']}" not in have_ic:
+            found.append(Finding("wait_share", f"{g['coll_name']} ({g['pg']}): {ws:.0%} of its {_ms(g['kernel_ns'])} kernel time is "
+                                               f"waiting for the last rank, {1 - ws:.0%} is transfer — a faster interconnect would not help much.",
+                                 float(g["wait_ns"]), subject=f"{g['coll_name']}:{g['pg']}", cross_rank=True,
+                                 per_event_ns=g["wait_ns"] / n_inst))
+    for r in out["collectives"]["per_rank"]:
+        if r["kernel_ns"] > 0 and r["wait_ns"] / r["kernel_ns"] >= 0.5:
+            found.append(Finding("rank_waiting", f"Rank {r['rank']}: {r['wait_ns'] / r['kernel_ns']:.0%} of its collective time "
+                                                 f"({_ms(r['wait_ns'])} of {_ms(r['kernel_ns'])}) is waiting on peers.",
+                                 float(r["wait_ns"]) * 0.5, subject=str(r["rank"]), cross_rank=True, per_event_ns=r["wait_ns"] / n_inst))
+    # idle causes
+    if idle.totals.height:
+        if observed:
+            wmap = {r: min(w, observed.get(r, w)) for r, w in wmap.items()}
+        tot = idle.totals.filter(pl.col("cause") != "waiting_on_peer").sort(["total_ns", "rank", "cause"], descending=[True, False, False])
+        for row in tot.head(6).iter_rows(named=True):
+            w = wmap.get(int(row["rank"]), 0)
+            if w and row["total_ns"] / w >= 0.05:
+                c = row["cause"]
+                words = _CPU_WORDS[c] if cpu and c in _CPU_WORDS else _IDLE_WORDS.get(c, c)
+                found.append(Finding("idle", f"Rank {row['rank']} {'idle (CPU mode)' if cpu else 'GPU idle'} {_ms(row['total_ns'])} "
+                                             f"({row['total_ns'] / w:.0%} of its window) {words}, {row['count']} gap(s).",
+                                     float(row["total_ns"]), subject=f"{row['rank']}:{c}", samples=int(row["count"])))
+    # PCIe
+    if pcie.height:
+        tot_ns = int(pcie["dur_ns"].sum())
+        ranks = ", ".join(str(r) for r in sorted(set(pcie["rank"].to_list())))
+        durs = pcie.explode("during")["during"].drop_nulls()
+        top = durs.value_counts(sort=True).head(2)["during"].to_list() if durs.len() else []
+        with_ = f"; meanwhile: {', '.join(_short(t) for t in top)}" if top else ""
+        found.append(Finding("pcie", f"{pcie.height} PCIe-bound phase(s) on rank(s) {ranks}, {_ms(tot_ns)} in total, up to "
+                                     f"{min(pcie['pct_of_link'].max(), 100.0):.0f}% of the link{with_}.", float(tot_ns)))
+    # power
+    for v in pw.verdicts:
+        found.append(Finding("power", v + ".", 1.0))
+    # steps: percentiles need at least 3 steps
+    if st.summary.height:
+        for row in st.summary.sort("steps", descending=True).head(2).iter_rows(named=True):
+            tps = f", {row['tokens_per_s']:.0f} tokens/s" if row.get("tokens_per_s") else ""
+            bs = f" bs={row['batch_size']}" if row.get("batch_size") is not None else ""
+            n = int(row["steps"])
+            # step time = host range or GPU span, whichever is longer (tracekit.analysis.steps)
+            p50, p90 = row.get("step_p50_ns", row["p50_ns"]), row.get("step_p90_ns", row["p90_ns"])
+            host = f" (host {_ms(row['p50_ns'])})" if row["p50_ns"] and p50 and p50 > 1.2 * row["p50_ns"] else ""
+            spread = f"p90 {_ms(p90)}, " if n >= 3 else ""  # a percentile needs at least 3 steps
+            found.append(Finding("steps", f"{row['mode'] or 'Steps'}{bs}: step time p50 {_ms(p50)}{host}, {spread}"
+                                          f"over {n} step(s){tps}.", 0.5, samples=n))
+    if st.steps.height:
+        n_no = st.steps.filter(pl.col("no_gpu")).height
+        if n_no:
+            found.append(Finding("steps_without_gpu", f"{n_no} profiled step(s) have no GPU events attributed.", 0.4))
+    # efficiency from recorded shapes (the workload-derived verdict comes in ``extra``)
+    if eff.height and not any(f.code == "moe_gemm" for f in found):
+        bad = eff.filter(pl.col("flag") == "moe_untuned")
+        if bad.height:
+            worst = bad.sort("gpu_ns", descending=True).row(0, named=True)
+            found.append(Finding("moe_untuned", f"{bad.height} MoE GEMM shape(s) run far below roofline (e.g. {worst['op']} "
+                                                f"{worst['input_dims']} in {_short(worst['kernel'])}: {worst['efficiency']:.0%} of its ceiling): "
+                                                "likely untuned kernel configs.", float(bad["gpu_ns"].sum())))
+    if residual is not None and residual > RESIDUAL_WARN_NS:
+        found.append(Finding("clock_residual", f"Clock alignment residual is {residual / 1e3:.0f} µs: cross-rank waits below that are not reliable.",
+                             float(residual)))
+    return found
