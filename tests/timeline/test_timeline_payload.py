@@ -47,7 +47,8 @@ def test_parse_window_rejects(bad):
 def test_default_window_is_representative_steps(small_df):
     p = build_payload(small_df, {}, None)
     w = p["_window"]
-    assert (w.start_ns - BASE, w.end_ns - BASE) == (0, 8_900 * US)  # steps 0-2 (all median length)
+    # steps 0-2 (all median length), clipped to the profiled stretch (first op 20 µs, last op ends 8.6 ms)
+    assert (w.start_ns - BASE, w.end_ns - BASE) == (20 * US, 8_600 * US)
     assert "steps 0–2" in w.reason
 
 
@@ -173,7 +174,9 @@ def test_collective_wait_and_links(small_df):
     assert waits[(3, 1)] == pytest.approx(200.0) and waits[(8, 1)] == 0.0  # rank 0 waits 200 µs for rank 1
     assert set(arr(c["late"]).tolist()) == {1}
     assert arr(c["link_len"]).tolist() == [2, 2, 2]
-    assert arr(c["link_x"]).tolist() == pytest.approx([1300.0, 4300.0, 7300.0])  # release = last arrival
+    # release = last arrival, in µs from the embedded range's start (the first op, at 20 µs)
+    assert d["x0_ms"] == pytest.approx(0.020)
+    assert arr(c["link_x"]).tolist() == pytest.approx([1280.0, 4280.0, 7280.0])
 
 
 def test_collective_instances_from_analysis(small_df):

@@ -342,6 +342,8 @@ def choose_window(
             lo2, hi2 = all_r.select(pl.col("ts_ns").min().alias("lo"), (pl.col("ts_ns") + pl.col("dur_ns")).max().alias("hi")).row(0)
             if hi2 - lo2 <= 3 * (hi - lo):
                 lo, hi = lo2, hi2
+        sa, sb = spans[int(sp[i])]
+        lo, hi = max(int(lo), sa), min(int(hi), sb)  # inside the profiled span (a step may begin before it)
         label = (f"step {ids.min()}" if ids.len() and ids.min() == ids.max() else
                  f"steps {ids.min()}–{ids.max()}" if ids.len() else f"{pick.height} steps")
         where = _span_label(int(sp[i]), spans, windowed)

@@ -1,0 +1,125 @@
+"""Windowed captures: the detail view opens on profiled steps inside a profiler window, on real traces.
+
+* GPU: the 2×H200 fixtures in tests/fixtures/gpu (built-in workload, 2 profiler windows each; the time
+  between the windows holds only unprofiled step records). Before the fix the default view picked
+  unprofiled steps between the windows and drew 0 ops.
+* CPU mode: a fresh ``tracekit capture`` on 4 gloo ranks (2 profiler windows); before the fix the page
+  drew 0 ops (forward-thread operators and gloo collectives were not device work to the timeline).
+
+The browser tests load the pages in headless Chromium and read what the page script drew in the
+initial view (``STATUS.view.ops_drawn``: segments that intersect the visible x range).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from tracekit.report.timeline_html import build_payload, render_timeline
+from tracekit.schema import read_trace
+
+from ._util import artifacts_dir, have_chromium, pre_json, run_page
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
+#: profiled steps per fixture (README: 2 windows of 5 steps, 3 for `loop`)
+GPU = {"grouped": 10, "loop": 6, "graphs": 10}
+
+
+def _inside_one(view: tuple[float, float], spans: list[list[float]]) -> bool:
+    return any(a <= view[0] and view[1] <= b for a, b in spans)
+
+
+def _check_windowed(df: pl.DataFrame, meta: dict, p: dict, n_steps: int) -> None:
+    base = int(p["base_ns"])
+    pw = [((a - base) / 1e6, (b - base) / 1e6) for a, b in meta["capture"]["profiler_windows"]]
+    det = p["detail"]
+    view = (det["v0_ms"], det["v1_ms"])
+    # one span per profiler window, each starting at its window (observed_spans extends the end)
+    assert len(p["spans_ms"]) == len(pw) >= 2
+    assert all(sp[0] <= a + 1e-6 and sp[1] >= b - 1e-6 for sp, (a, b) in zip(p["spans_ms"], pw))
+    assert _inside_one(view, p["spans_ms"]), (view, p["spans_ms"])
+    assert "representative" in det["reason"] and "profiler window" in det["reason"]
+    assert p["_view_ops"] >= 500
+    ch = p["chooser"]
+    assert [e["kind"] for e in ch].count("window") == len(pw)
+    steps = [e for e in ch if e["kind"] == "step"]
+    assert len(steps) == n_steps and all(e["inside"] for e in steps)
+    assert all(_inside_one(((e["t0"] + e["t1"]) / 2,) * 2, p["spans_ms"]) for e in steps)
+
+
+@pytest.mark.parametrize("name", sorted(GPU))
+def test_gpu_windowed_fixture_opens_inside_a_profiler_window(name):
+    df, meta = read_trace(FIX / f"{name}.trace.parquet")
+    p = build_payload(df, meta, None)  # no analysis: the default path that used to land between windows
+    _check_windowed(df, meta, p, GPU[name])
+    # every profiled op is embedded, so zooming and the chooser reach both windows
+    assert p["detail"]["kernels"]["n"] == df.filter(pl.col("kind").cast(pl.String).is_in(["kernel", "memcpy", "memset"])).height
+
+
+def test_cpu_capture_draws_forward_thread_and_gloo(cpu_capture):
+    df, meta = read_trace(cpu_capture)
+    assert meta.get("device_mode") == "cpu" and len(meta["capture"]["profiler_windows"]) == 2
+    p = build_payload(df, meta, None)
+    _check_windowed(df, meta, p, n_steps=len(p["chooser"]) - 2)
+    det = p["detail"]
+    labels = [ln["label"] for ln in det["lanes"]]
+    for r in range(4):
+        assert any(lb.startswith(f"r{r} fwd t") for lb in labels), labels
+        assert any(lb.startswith(f"r{r} gloo t") for lb in labels), labels
+    cats = set(p["cats"])
+    assert {"communication", "moe_gemm", "moe_routing"} <= cats
+    # the gloo collectives are device work here: drawn as ops, never again as plain range rows. Embedded:
+    # every categorized row of the profiled spans (a rank that started profiling a little before the
+    # recorded window start keeps its first few ops outside the spans, as in the analysis)
+    d = p["_data"]
+    dev = df.filter(pl.col("category").is_not_null() & pl.col("kind").cast(pl.String).is_in(["cpu_op", "range"]))
+    inside = dev.filter((pl.col("ts_ns") < d.end_ns) & (pl.col("ts_ns") + pl.col("dur_ns") > d.start_ns))
+    assert det["kernels"]["n"] == inside.height >= 0.98 * dev.height
+    assert det["ranges"] is None or det["ranges"]["n"] == df.filter(
+        (pl.col("kind").cast(pl.String) == "range") & pl.col("category").is_null()
+        & (pl.col("ts_ns") < d.end_ns) & (pl.col("ts_ns") + pl.col("dur_ns") > d.start_ns)).height
+
+
+def test_cpu_capture_collectives_linked_with_analysis(cpu_capture):
+    from tracekit.commands.timeline import _analysis
+
+    df, meta = read_trace(cpu_capture)
+    p = build_payload(df, meta, _analysis(df, meta))
+    coll = p["detail"]["coll"]
+    assert coll and coll["n"] > 0 and coll["link_len"]["n"] > 0  # matched gloo instances linked across ranks
+
+
+# ---------------------------------------------------------------- in the browser
+def _render_and_load(trace: Path, tmp_path: Path, shot: str) -> dict:
+    from tracekit.commands.timeline import _analysis
+
+    df, meta = read_trace(trace)
+    out = tmp_path / f"{shot}.html"
+    res = render_timeline(df, meta, _analysis(df, meta), out)
+    st = pre_json(run_page(out), "tk-status")
+    png = artifacts_dir(tmp_path) / f"{shot}.png"
+    run_page(out, screenshot=png)
+    assert png.stat().st_size > 20_000
+    return {"res": res, "st": st}
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not have_chromium(), reason="headless Chromium (/usr/bin/chromium) not installed")
+def test_browser_gpu_windowed_detail_draws_500_ops(tmp_path):
+    got = _render_and_load(FIX / "grouped.trace.parquet", tmp_path, "timeline_gpu_windowed")
+    st = got["st"]
+    assert st["ok"] and st["errors"] == []
+    assert st["view"]["ops_drawn"] >= 500, st["view"]
+    assert st["view"]["ops_drawn"] == got["res"]["ops_in_view"]  # the page drew every op of the view
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not have_chromium(), reason="headless Chromium (/usr/bin/chromium) not installed")
+def test_browser_cpu_capture_detail_draws_500_ops(cpu_capture, tmp_path):
+    got = _render_and_load(cpu_capture, tmp_path, "timeline_cpu_capture")
+    st = got["st"]
+    assert st["ok"] and st["errors"] == []
+    assert st["view"]["ops_drawn"] >= 500, st["view"]
+    assert st["view"]["ops_drawn"] == got["res"]["ops_in_view"]
