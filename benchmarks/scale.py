@@ -1,23 +1,30 @@
-"""Scale benchmark: time and peak memory of convert / analyze / a lazy scan against kernel count.
+"""Scale benchmark: time and peak memory of analyze (and convert) against kernel count, on REAL captures.
 
-For each case (total kernels, ranks) it writes a synthetic N-rank Kineto capture
-with :func:`gen_synthetic.write_synthetic_kineto`, then runs, each in its own
-process so peak memory is measured per phase (sum of RSS over the process tree,
-sampled every 50 ms, so parallel convert workers count):
+Default (``--real``): the inputs are a real 2×H200 capture (``shared/traces/nsys/generated-h200``,
+NCCL all-reduces, NVTX steps, planted host stalls, 64 MiB PCIe copies, 2 kHz GPU metrics) converted
+once and tiled with :mod:`tile_real` — in time (each copy one profiler window, new steps and
+collective instances) and across ranks (4 tensor-parallel groups of 2 for 8 ranks) — to the
+requested total kernels. Cases:
 
-* ``tracekit convert <dir> -o trace.parquet -q``
-* ``tracekit analyze --json trace.parquet``
-* a lazy scan (``scan_trace`` → per-rank, per-category kernel time), the access
-  path a distributed engine would use on the same file.
+* ``R ranks x N kernels`` for each ``--sizes`` (default 1M and 4M on 8 ranks);
+* ``--single``: one GPU, 566k kernels, GPU-metrics counters kept in the first tiles only so that
+  the trace has about as many PCIe-bound phases as the real trace of issue 16 (442).
 
-Convert's peak is also given against the largest rank's uncompressed JSON,
-as is and above the *floor*: the peak of converting a tiny capture (the
-interpreter, polars, pyarrow and their first-use pages; measured once per run).
+Per case, each in its own process (peak = RSS of the process tree, sampled every 50 ms):
+
+* ``tracekit analyze --json trace.parquet`` (optionally ``taskset`` to ``--cores`` cores);
+* a lazy scan (``scan_trace`` → per-rank, per-category kernel time);
+* on the same events written as Kineto JSON (``--hta-max``: cases up to that many kernels):
+  ``tracekit convert`` + ``analyze`` of the JSON, and HolisticTraceAnalysis (``traceinsight``)
+  loading it and running its temporal breakdown and idle-time breakdown on every rank.
+
+``--synthetic`` keeps the older synthetic-Kineto cases (convert / analyze / scan).
 
 Usage::
 
-    python benchmarks/scale.py                         # 1M, 4M, 16M kernels on 8 ranks + a 64-rank case
-    python benchmarks/scale.py --sizes 250k,1M --ranks 8 --rank64 256k --budget 600 --json scale.json
+    python benchmarks/scale.py                                  # real: 1M, 4M x 8 ranks + the 566k single-GPU case
+    python benchmarks/scale.py --sizes 1M --hta-max 1M --json scale.json
+    python benchmarks/scale.py --synthetic --sizes 250k,1M --ranks 8 --rank64 256k
 
 A case whose phase exceeds ``--timeout`` is recorded as a timeout and larger
 cases of the same rank count are skipped; ``--budget`` bounds the whole run.
@@ -34,6 +41,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -181,11 +189,201 @@ def _ratios(c: Case, floor_mb: float) -> str:
             f"above the floor ({floor_mb:.0f} MB): {(peak - floor_mb) / c.rank_json_mb:.2f}x")
 
 
+# ---- real-capture cases ------------------------------------------------------------------------
+
+REAL_SRC = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "nsys" / "generated-h200"
+if not REAL_SRC.exists():
+    REAL_SRC = Path("/work/shared/traces/nsys/generated-h200")
+
+_HTA = r"""
+import json, logging, sys, time
+logging.disable(logging.WARNING)
+from hta.trace_analysis import TraceAnalysis
+t0 = time.perf_counter()
+ta = TraceAnalysis(trace_dir=sys.argv[1])
+t1 = time.perf_counter()
+tb = ta.get_temporal_breakdown(visualize=False)
+t2 = time.perf_counter()
+ranks = sorted(ta.t.traces)
+idle, _ = ta.get_idle_time_breakdown(ranks=ranks, visualize=False)
+t3 = time.perf_counter()
+tb = tb.set_index("rank")
+print("RESULT " + json.dumps({"load_s": t1 - t0, "temporal_s": t2 - t1, "idle_s": t3 - t2,
+      "idle_pct": {str(r): round(100 * float(tb.loc[r, "idle_time(us)"]) / float(tb.loc[r, "kernel_time(us)"]), 2) for r in ranks},
+      "idle_categories": sorted(set(str(x) for x in idle["idle_category"]))}))
+"""
+
+_TK_JSON = r"""
+import json, sys, time
+from tracekit.ingest.convert import convert
+from tracekit.api import analyze
+t0 = time.perf_counter()
+convert([sys.argv[1]], sys.argv[2], force=True)
+t1 = time.perf_counter()
+res = analyze(sys.argv[2])
+t2 = time.perf_counter()
+print("RESULT " + json.dumps({"convert_s": t1 - t0, "analyze_s": t2 - t1,
+      "idle_pct": {str(r["rank"]): round(100 * r["time_ns"]["idle"] / r["window_ns"], 2) for r in res["ranks"]}}))
+"""
+
+
+@dataclass
+class RealCase:
+    label: str
+    ranks: int
+    kernels: int
+    tiles: int = 0
+    rows: int = 0
+    steps_per_rank: int = 0
+    collectives_per_rank: int = 0
+    profiler_windows: int = 0
+    pcie_phases: int = 0
+    parquet_mb: float = 0.0
+    kineto_mb: float = 0.0
+    analyze_summary: dict[str, Any] = field(default_factory=dict)
+    phases: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def _result_line(stdout: Path) -> dict[str, Any] | None:
+    try:
+        for line in stdout.read_text().splitlines():
+            if line.startswith("RESULT "):
+                return json.loads(line[7:])
+    except OSError:
+        pass
+    return None
+
+
+def real_source(work: Path, timeout: float) -> Path:
+    """The real 2-rank H200 capture converted once (the tiling source)."""
+    out = work / "h200_tp2.parquet"
+    if not out.exists():
+        r = _measure([sys.executable, "-m", "tracekit.cli", "convert", str(REAL_SRC / "tp2_rank0.sqlite"),
+                      str(REAL_SRC / "tp2_rank1.sqlite"), "-o", str(out), "-q", "--force"], timeout)
+        if r["status"] != "ok":
+            raise SystemExit(f"scale: converting {REAL_SRC} failed: {r['status']}")
+    return out
+
+
+def run_real_case(label: str, ranks: int, kernels: int, src: Path, work: Path, *, timeout: float, cores: int | None,
+                  hta: bool, counter_tiles: int | None = None) -> RealCase:
+    from tile_real import tile_trace, write_kineto
+
+    c = RealCase(label, ranks, kernels)
+    d = work / label.replace(" ", "_")
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    trace = d / "trace.parquet"
+    info = tile_trace(src, trace, ranks=ranks, kernels=kernels, counter_tiles=counter_tiles)
+    c.kernels, c.tiles, c.rows = info.kernels, info.tiles, info.rows
+    c.steps_per_rank, c.collectives_per_rank, c.profiler_windows = info.steps_per_rank, info.collectives_per_rank, info.profiler_windows
+    c.parquet_mb = round(trace.stat().st_size / 1e6, 1)
+    pin = ["taskset", "-c", ",".join(str(i) for i in range(cores))] if cores else []
+    tk = pin + [sys.executable, "-m", "tracekit.cli"]
+    c.phases["analyze"] = _measure(tk + ["analyze", "--json", str(trace)], timeout, stdout=d / "analyze.json")
+    if c.phases["analyze"]["status"] == "ok":
+        res = json.loads((d / "analyze.json").read_text())
+        c.pcie_phases = sum(1 for _ in res.get("pcie_phases") or [])
+        st = res.get("steps") or {}
+        c.analyze_summary = {
+            "window_reason": res["window"]["reason"],
+            "observed_ns_rank0": res["ranks"][0]["window_ns"] if res["ranks"] else None,
+            "idle_pct": {str(r["rank"]): round(100 * r["time_ns"]["idle"] / r["window_ns"], 2) for r in res["ranks"] if r["window_ns"]},
+            "steps": st.get("count"),
+            "collective_instances": (res.get("collectives") or {}).get("instances"),
+            "pcie_phase_findings": [f for f in res.get("findings", []) if "PCIe" in str(f)][:1],
+        }
+    c.phases["scan"] = _measure(pin + [sys.executable, "-c", _SCAN, str(trace)], timeout)
+    if hta:
+        kdir = d / "kineto"
+        write_kineto(trace, kdir)
+        c.kineto_mb = round(sum(p.stat().st_size for p in kdir.iterdir()) / 1e6, 1)
+        c.phases["tracekit_json"] = _measure(pin + [sys.executable, "-c", _TK_JSON, str(kdir), str(d / "from_json.parquet")],
+                                             timeout, stdout=d / "tk_json.out")
+        c.phases["tracekit_json"]["result"] = _result_line(d / "tk_json.out")
+        c.phases["hta"] = _measure(pin + [sys.executable, "-c", _HTA, str(kdir)], timeout, stdout=d / "hta.out")
+        c.phases["hta"]["result"] = _result_line(d / "hta.out")
+        shutil.rmtree(kdir, ignore_errors=True)
+    return c
+
+
+def _real_row(c: RealCase) -> str:
+    def ph(n: str) -> str:
+        p = c.phases.get(n)
+        if not p:
+            return f"{'-':>17}"
+        if p["status"] != "ok":
+            return f"{str(p['status'])[:17]:>17}"
+        return f"{p['seconds']:>7.1f}s {p['peak_rss_mb']:>7.0f}M"
+
+    return (f"{c.label:<22} {c.ranks:>5} {c.kernels:>10,} {c.rows:>11,} {c.tiles:>5} {c.pcie_phases:>6} {c.parquet_mb:>7.1f}  "
+            f"{ph('analyze')}  {ph('scan')}  {ph('tracekit_json')}  {ph('hta')}")
+
+
+def main_real(a: argparse.Namespace, work: Path) -> int:
+    print(f"host: {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB; python {sys.version.split()[0]}"
+          + (f"; analyze pinned to {a.cores} core(s)" if a.cores else ""))
+    src = real_source(work, a.timeout)
+    print(f"source: {REAL_SRC} (2 x H200, converted to {src})")
+    plan: list[tuple[str, int, int, int | None]] = [(f"{a.ranks}x{s.strip()}", a.ranks, _parse_n(s), None)
+                                                    for s in a.sizes.split(",") if s.strip()]
+    if a.single:
+        plan.append((f"1gpu_{a.single}", 1, _parse_n(a.single), a.single_counter_tiles))
+    hta_max = _parse_n(a.hta_max) if a.hta_max else 0
+    print(f"{'case':<22} {'ranks':>5} {'kernels':>10} {'rows':>11} {'tiles':>5} {'pcie':>6} {'pq MB':>7}  "
+          f"{'analyze':>17}  {'lazy scan':>17}  {'tk convert+analyze':>17}  {'HTA load+tb+idle':>17}")
+    results: list[RealCase] = []
+    t_start = time.perf_counter()
+    for label, ranks, kernels, ct in plan:
+        if time.perf_counter() - t_start > a.budget:
+            print(f"{label:<22} skipped (--budget {a.budget:.0f}s spent)")
+            continue
+        c = run_real_case(label, ranks, kernels, src, work, timeout=a.timeout, cores=a.cores, hta=kernels <= hta_max,
+                          counter_tiles=ct)
+        results.append(c)
+        print(_real_row(c), flush=True)
+        print(f"      steps/rank {c.steps_per_rank:,}, collectives/rank {c.collectives_per_rank:,}, profiler windows "
+              f"{c.profiler_windows:,}; analyze: {json.dumps(c.analyze_summary)[:400]}", flush=True)
+        for n in ("tracekit_json", "hta"):
+            p = c.phases.get(n)
+            if p and p.get("result"):
+                print(f"      {n}: {json.dumps(p['result'])[:400]}", flush=True)
+        if not a.keep:
+            shutil.rmtree(work / label.replace(" ", "_"), ignore_errors=True)
+    by = {c.label: c for c in results}
+    big = [c for c in results if c.ranks == a.ranks and c.phases.get("analyze", {}).get("status") == "ok"]
+    if len(big) >= 2:
+        lo, hi = big[0], big[-1]
+        f = hi.kernels / lo.kernels
+        t = float(hi.phases["analyze"]["seconds"]) / float(lo.phases["analyze"]["seconds"])
+        m = float(hi.phases["analyze"]["peak_rss_mb"]) / float(lo.phases["analyze"]["peak_rss_mb"])
+        print(f"growth {lo.label} -> {hi.label} ({f:.2f}x kernels): analyze time {t:.2f}x, peak memory {m:.2f}x")
+    for c in results:
+        p, h = c.phases.get("analyze"), c.phases.get("hta")
+        if p and h and p["status"] == "ok" and h["status"] == "ok":
+            tj = c.phases["tracekit_json"]
+            print(f"{c.label}: HTA (load + temporal + idle) {h['seconds']:.1f} s / {h['peak_rss_mb']:.0f} MB; tracekit convert+analyze "
+                  f"of the same JSON {tj['seconds']:.1f} s / {tj['peak_rss_mb']:.0f} MB ({h['seconds'] / tj['seconds']:.1f}x faster, "
+                  f"{tj['peak_rss_mb'] / h['peak_rss_mb']:.2f}x the memory); analyze of trace.parquet {p['seconds']:.1f} s / "
+                  f"{p['peak_rss_mb']:.0f} MB")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"cases": [asdict(c) for c in results]}, indent=1, default=str))
+    del by
+    return 0
+
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="1M,4M,16M", help="total kernels per case (k/M suffixes)")
+    ap.add_argument("--synthetic", action="store_true", help="the older synthetic-Kineto cases instead of tiled real captures")
+    ap.add_argument("--sizes", default=None, help="total kernels per case (k/M suffixes; default 1M,4M real, 1M,4M,16M synthetic)")
+    ap.add_argument("--single", default="566k", help="real mode: kernels of the single-GPU case ('' to skip)")
+    ap.add_argument("--single-counter-tiles", type=int, default=5,
+                    help="real mode: tiles of the single-GPU case that keep GPU-metrics counters (about 90 PCIe phases each)")
+    ap.add_argument("--cores", type=int, default=2, help="real mode: pin each measured process to this many cores (0: no pinning)")
+    ap.add_argument("--hta-max", default="1M", help="real mode: run HTA and tracekit-on-JSON for cases up to this many kernels")
     ap.add_argument("--ranks", type=int, default=8)
-    ap.add_argument("--rank64", default="1M", help="total kernels of the 64-rank case ('' to skip)")
+    ap.add_argument("--rank64", default=None, help="total kernels of the 64-rank case ('' to skip)")
     ap.add_argument("--workdir", default=None, help="scratch directory (default: a temp dir)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per phase")
     ap.add_argument("--budget", type=float, default=3600.0, help="seconds for the whole run; later cases are skipped")
@@ -194,6 +392,12 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     work = Path(a.workdir) if a.workdir else Path(os.environ.get("TMPDIR", "/tmp")) / "tracekit-scale"
     work.mkdir(parents=True, exist_ok=True)
+    if not a.synthetic:
+        a.sizes = a.sizes or "1M,4M"
+        a.cores = a.cores or None
+        return main_real(a, work)
+    a.sizes = a.sizes or "1M,4M,16M"
+    a.rank64 = "1M" if a.rank64 is None else a.rank64
     plan = [(a.ranks, _parse_n(s)) for s in a.sizes.split(",") if s.strip()]
     if a.rank64:
         plan.append((64, _parse_n(a.rank64)))
