@@ -12,11 +12,13 @@ from typing import Any, Sequence
 import polars as pl
 
 from tracekit.analysis.pipeline import ANALYSIS_VERSION, FrameSource, ScanSource, basic_findings, ranks_filter, run_analysis
+from tracekit.analysis.result import AnalysisResult
 from tracekit.analysis.window import Window
 from tracekit.ingest.convert import ConvertResult, convert
 from tracekit.schema import read_metadata, scan_trace
 
-__all__ = ["analyze", "analyze_frame", "convert", "ConvertResult", "ANALYSIS_VERSION"]
+__all__ = ["analyze", "analyze_frame", "analyze_result", "analyze_frame_result", "AnalysisResult", "convert", "ConvertResult",
+           "ANALYSIS_VERSION"]
 
 
 def analyze(
@@ -39,6 +41,21 @@ def analyze(
     a time (``tracekit.analysis.pipeline``), so memory is one rank's rows plus the collective
     tables, never the whole trace. Same result as :func:`analyze_frame` on the whole frame.
     """
+    return analyze_result(path, window=window, skip_steps=skip_steps, trim_transient=trim_transient, top=top, ranks=ranks,
+                          cross_rank=cross_rank).to_json()
+
+
+def analyze_result(
+    path: str | Path,
+    *,
+    window: str | None = None,
+    skip_steps: int = 0,
+    trim_transient: bool = True,
+    top: int = 5,
+    ranks: Sequence[int] | None = None,
+    cross_rank: bool = True,
+) -> AnalysisResult:
+    """:func:`analyze` as the typed :class:`~tracekit.analysis.result.AnalysisResult` every view reads."""
     meta = read_metadata(path)
     lf = ranks_filter(scan_trace(path), ranks)
     if steps_from is not None:
@@ -52,7 +69,7 @@ def analyze(
         return res
     res = run_analysis(ScanSource(path, lf), meta, window=window, skip_steps=skip_steps, trim_transient=trim_transient,
                        top=top, cross_rank=cross_rank)
-    res["trace"] = str(path)
+    res.sections["trace"] = str(path)
     return res
 
 
@@ -67,6 +84,21 @@ def analyze_frame(
     cross_rank: bool = True,
 ) -> dict[str, Any]:
     """Same as :func:`analyze` on an in-memory frame (all ranks at once: the reference for the streaming path)."""
+    return analyze_frame_result(df, meta, window=window, skip_steps=skip_steps, trim_transient=trim_transient, top=top,
+                                cross_rank=cross_rank).to_json()
+
+
+def analyze_frame_result(
+    df: pl.DataFrame,
+    meta: dict[str, Any],
+    *,
+    window: str | None = None,
+    skip_steps: int = 0,
+    trim_transient: bool = True,
+    top: int = 5,
+    cross_rank: bool = True,
+) -> AnalysisResult:
+    """:func:`analyze_frame` as the typed :class:`~tracekit.analysis.result.AnalysisResult`."""
     return run_analysis(FrameSource(df), meta, window=window, skip_steps=skip_steps, trim_transient=trim_transient, top=top,
                         cross_rank=cross_rank)
 

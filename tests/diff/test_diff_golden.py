@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import polars as pl
 
-from tracekit.analysis.diff import _fallback_instances, diff_runs, summarize_run
+from tracekit.analysis.collectives import match_collectives
+from tracekit.analysis.diff import diff_runs, summarize_run
 from tracekit.schema import frame_from_rows
 
 MS = 1_000_000
@@ -58,9 +59,9 @@ def test_per_step_category_times_and_step_p50() -> None:
     sc = {r["metric"]: r for r in d.scalars.to_dicts()}
     assert sc["step_p50"]["before"] == pytest.approx(6.5) and sc["step_p50"]["after"] == pytest.approx(4.5)
     assert sc["steps_per_rank"]["before"] == 4
-    # tokens/s: 4 steps x 8 tokens over the span first step start -> last step end
-    assert sc["tokens_per_s"]["before"] == pytest.approx(32 / (36.5e-3))
-    assert sc["tokens_per_s"]["after"] == pytest.approx(32 / (34.5e-3))
+    # tokens/s: the step table's definition (as `analyze`): tokens over step time, 4 steps x 8 tokens / 4 x 6.5 ms
+    assert sc["tokens_per_s"]["before"] == pytest.approx(32 / (4 * 6.5e-3))
+    assert sc["tokens_per_s"]["after"] == pytest.approx(32 / (4 * 4.5e-3))
     assert d.verdict[0].startswith("after is 30.8% faster per step")
     assert any("moe_gemm -2.000 ms/step (-50.0%)" in v for v in d.verdict)
 
@@ -97,11 +98,16 @@ def test_allreduce_wait_vs_transfer() -> None:
     assert row["transfer_ns_delta"] == pytest.approx(0)
 
 
-def test_fallback_collective_adapter_agrees() -> None:
-    inst = _fallback_instances(run(4.0, early_ms=0.3))
+def test_diff_waits_are_the_matchings_waits() -> None:
+    """One definition of wait/transfer: the diff's per-rank means are collectives.match_collectives' sums."""
+    df = run(4.0, early_ms=0.3)
+    inst = match_collectives(df)
     per_rank = inst.group_by("rank").agg(pl.col("wait_ns").sum(), pl.col("transfer_ns").first()).sort("rank")
     assert per_rank["wait_ns"].to_list() == [0, int(4 * 0.3 * MS)]
     assert per_rank["transfer_ns"].to_list() == [int(0.5 * MS)] * 2
+    c = summarize_run(df).collectives.row(0, named=True)
+    assert c["wait_ns"] == pytest.approx(float(inst["wait_ns"].sum()) / 2)
+    assert c["transfer_ns"] == pytest.approx(float(inst["transfer_ns"].sum()) / 2)
 
 
 def test_no_change_verdict_and_power() -> None:

@@ -32,6 +32,7 @@ from tracekit.analysis.power import PowerResult, power_finish, power_part
 from tracekit.analysis.stalls import (MIN_REL_STEP, MIN_WAIT_NS, StallPart, StallPlan, empty_stalls, lost_by_rank, stall_finish,
                                       stall_part, stall_plan, stall_steps, stall_summary)
 from tracekit.analysis.steps import StepPart, comm_wait_by_step, step_finish, step_part
+from tracekit.analysis.result import INSTANCE_VIEW_COLUMNS
 from tracekit.analysis.window import cpu_mode_ranks, device_op_expr
 
 __all__ = ["cross_rank_sections", "cross_rank_plan", "cross_rank_part", "cross_rank_finish", "CrossRankPlan", "CrossRankPart",
@@ -94,6 +95,8 @@ class CrossRankPlan:
     stalls: StallPlan | None
     min_wait: int
     min_rel: float
+    #: matched instances in the window for the views (:data:`tracekit.analysis.result.INSTANCE_VIEW_COLUMNS`), aligned clock
+    view: pl.DataFrame | None = None
 
     def comm_parts(self, df: pl.DataFrame, ranks: list[int] | None = None) -> pl.DataFrame:
         """Wait/transfer intervals of the collective kernels in ``df`` (input time base) for the breakdown."""
@@ -179,9 +182,10 @@ def cross_rank_plan(
         (pl.col("dur_ns") - pl.col("wait_ns")).sum().alias("transfer_ns"),
     ).sort("rank") if inst.height else pl.DataFrame()
     n_inst = int(inst.select(pl.struct("pg", "seq").n_unique()).item()) if inst.height else 0
+    view = inst.select([c for c in INSTANCE_VIEW_COLUMNS if c in inst.columns])
     inst = inst.select(_INST_KEEP).with_columns(pl.col("name").cast(pl.Categorical))
     return CrossRankPlan(meta, q, max_items, lo, hi, getattr(opts.get("window"), "spans", None), al, inst, groups, per_rank,
-                         n_inst, waits, split, list(cpu_ranks), comm_wait, sp, min_wait, min_rel)
+                         n_inst, waits, split, list(cpu_ranks), comm_wait, sp, min_wait, min_rel, view)
 
 
 #: instance columns the per-rank analyses read (idle causes: waiting_on_peer; PCIe: collective phases)
@@ -229,8 +233,10 @@ def cross_rank_part(df: pl.DataFrame, plan: CrossRankPlan, *, ranks: list[int] |
     return CrossRankPart(stalls, idle.totals, idle.largest, pcie, pw, st, eff, ext, wdf.height, gpu_rows, observed)
 
 
-def cross_rank_finish(plan: CrossRankPlan, parts: list[CrossRankPart]) -> dict[str, Any]:
-    """JSON sections from the plan and every rank's :class:`CrossRankPart` (see :func:`cross_rank_sections`)."""
+def cross_rank_finish(plan: CrossRankPlan, parts: list[CrossRankPart], tables: dict[str, Any] | None = None) -> dict[str, Any]:
+    """JSON sections from the plan and every rank's :class:`CrossRankPart` (see :func:`cross_rank_sections`).
+
+    ``tables``: when given, receives the full frames behind the sections (``steps``: the step table)."""
     q, max_items, al = plan.quality, plan.max_items, plan.align
     if plan.stalls is not None:
         stalls = stall_finish(plan.stalls, [p.stalls for p in parts if p.stalls is not None])
@@ -244,6 +250,8 @@ def cross_rank_finish(plan: CrossRankPlan, parts: list[CrossRankPart]) -> dict[s
     pw = power_finish([p.power for p in parts])
     st = step_finish([p.steps for p in parts if p.steps is not None])
     q.extend(st.quality)
+    if tables is not None:
+        tables["steps"] = st.steps
     eff = efficiency_finish([p.efficiency for p in parts])
     observed: dict[int, int] | None = None
     if plan.spans:

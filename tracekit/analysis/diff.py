@@ -1,9 +1,9 @@
 """Compare two captures: time per category, steps, tokens/s, collectives, power, kernels, verdict.
 
-:func:`summarize_run` reduces one trace frame to a :class:`RunSummary` using the
-shared analyses (window selection, exclusive breakdown with communication split
-into wait/transfer, collective matching); :func:`diff_runs` compares two
-summaries into a :class:`DiffResult`. Both are pure functions over frames.
+:func:`summarize_result` reduces one analysis result (:class:`tracekit.analysis.result.AnalysisResult`,
+what ``tracekit analyze`` computes: its window, exclusive breakdown with communication split into
+wait/transfer, collective matching, step table and tokens/s) to a :class:`RunSummary`;
+:func:`diff_runs` compares two of them into a :class:`DiffResult`. Both are pure functions.
 
 Normalization. Captures rarely have the same length, so times are compared on a
 common *basis*: ``per_step`` (ms per step, mean over ranks) when both runs have
@@ -28,11 +28,11 @@ from typing import Any, Mapping
 import polars as pl
 
 from tracekit._errors import Quality, QualityLog
+from tracekit.analysis.result import AnalysisResult
 
-__all__ = ["RunSummary", "DiffResult", "summarize_run", "diff_runs", "NOISE_FRAC"]
+__all__ = ["RunSummary", "DiffResult", "summarize_result", "summarize_run", "diff_runs", "NOISE_FRAC"]
 
 NOISE_FRAC = 0.02
-_GPU = ["kernel", "memcpy", "memset"]
 
 
 @dataclass
@@ -96,143 +96,108 @@ class DiffResult:
 
 
 # --------------------------------------------------------------------------------------------- one run
-def _collective_tables(df: pl.DataFrame) -> tuple[pl.DataFrame | None, pl.DataFrame | None, list[Quality]]:
-    """(instances, comm_parts, quality) via tracekit.analysis.collectives; a min-over-ranks fallback otherwise."""
-    try:
-        from tracekit.analysis import collectives as coll
-    except ImportError:  # pragma: no cover - the shared module is part of the package
-        return _fallback_instances(df), None, []
-    inst = coll.match_collectives(df)
-    if inst.height == 0:
-        return inst, None, []
-    return inst, coll.split_communication(df, inst), list(coll.collective_quality(inst))
+# A run is its analysis result (tracekit.analysis.result.AnalysisResult): the same window (profiler
+# windows, transient trim), the same collective matching (wait/transfer as defined in
+# tracekit.analysis.collectives), the same step table and tokens/s as `tracekit analyze`.
 
 
-def _fallback_instances(df: pl.DataFrame) -> pl.DataFrame:
-    """n-th communication kernel of each name on every rank = one instance; transfer = min duration."""
-    k = df.filter((pl.col("kind").cast(pl.String) == "kernel") & (pl.col("category").cast(pl.String) == "communication"))
-    if k.height == 0:
-        return pl.DataFrame()
-    k = k.sort("ts_ns").with_columns(pl.int_range(pl.len()).over(["rank", "name"]).alias("seq"))
-    key = ["name", "seq"]
-    return k.with_columns(
-        pl.col("dur_ns").min().over(key).alias("transfer_ns"),
-        pl.min_horizontal(pl.col("ts_ns").max().over(key) - pl.col("ts_ns"), pl.col("dur_ns")).alias("wait_ns"),
-        pl.coalesce(pl.col("coll_name").cast(pl.String), pl.col("name").cast(pl.String)).alias("coll_name"),
-    ).select(pl.col("rank").cast(pl.Int64), "coll_name", "seq", "dur_ns", "wait_ns", "transfer_ns")
-
-
-def _window(df: pl.DataFrame, q: QualityLog):
-    from tracekit.analysis.window import Window, select_window
-
-    try:
-        return select_window(df, quality=q)
-    except Exception:  # noqa: BLE001 - fall back to the extent; the diff must not fail on a window heuristic
-        return Window(None, None)
-
-
-def _buckets(df: pl.DataFrame, window, parts: pl.DataFrame | None) -> tuple[dict[str, float], float, float]:
-    from tracekit.analysis.breakdown import compute_breakdown
-
-    bd = compute_breakdown(df, window, comm_parts=parts)
-    t = bd.table
+def _buckets(res: AnalysisResult) -> tuple[dict[str, float], float, float]:
+    t = res.breakdown
     if t.height == 0:
         return {}, 0.0, 0.0
-    cols = list(bd.buckets) + ["idle"]
+    cols = list(res.buckets) + ["idle"]
     means = t.select([pl.col(c).cast(pl.Float64).mean().alias(c) for c in cols + ["window_ns", "gpu_busy_ns"]]).row(0, named=True)
     return {c: float(means[c] or 0.0) for c in cols}, float(means["window_ns"] or 0.0), float(means["gpu_busy_ns"] or 0.0)
 
 
-def _steps(df: pl.DataFrame) -> tuple[float, float | None, float | None, float | None]:
-    st = df.filter(pl.col("kind").cast(pl.String) == "step")
-    if "profiled" in st.columns:
-        st = st.filter(pl.col("profiled").fill_null(True))
+def _steps(res: AnalysisResult) -> tuple[float, float | None, float | None, float | None]:
+    st = res.profiled_steps()
     if st.height == 0:
         return 0.0, None, None, None
-    per_rank = st.group_by("rank").agg(
-        pl.len().alias("n"),
-        pl.col("tokens").sum().alias("tok"),
-        pl.col("tokens").is_not_null().any().alias("has_tok"),
-        pl.col("ts_ns").min().alias("lo"),
-        (pl.col("ts_ns") + pl.col("dur_ns")).max().alias("hi"),
-    )
-    tps = per_rank.filter(pl.col("has_tok") & (pl.col("hi") > pl.col("lo"))).select(
-        (pl.col("tok") / ((pl.col("hi") - pl.col("lo")) * 1e-9)).mean()
-    ).item()
     d = st["dur_ns"].cast(pl.Float64)
-    return (float(per_rank["n"].mean()), float(d.quantile(0.5, "nearest")), float(d.quantile(0.9, "nearest")),
-            float(tps) if tps is not None else None)
+    return (res.steps_per_rank(), float(d.quantile(0.5, "nearest")), float(d.quantile(0.9, "nearest")),  # type: ignore[arg-type]
+            res.tokens_per_s())
 
 
-def _power(df: pl.DataFrame, meta: Mapping[str, Any] | None, window) -> dict[str, Any]:
-    c = df.filter(pl.col("kind").cast(pl.String) == "counter")
-    if window.start_ns is not None:
-        c = c.filter(pl.col("ts_ns") >= window.start_ns)
-    if window.end_ns is not None:
-        c = c.filter(pl.col("ts_ns") < window.end_ns)
+def _in_spans(df: pl.DataFrame, spans: tuple[tuple[int, int], ...]) -> pl.DataFrame:
+    if not spans:
+        return df
+    inside = pl.lit(False)
+    for a, b in spans:
+        inside = inside | ((pl.col("ts_ns") >= a) & (pl.col("ts_ns") < b))
+    return df.filter(inside)
+
+
+def _power(counters: pl.DataFrame | None, res: AnalysisResult) -> dict[str, Any]:
+    """Counter means inside the analysis window (its profiler windows); busy power and verdicts from the result."""
     out: dict[str, Any] = {}
-    for name in ("power_w", "sm_active_pct", "tensor_active_pct", "gpc_clock_mhz", "pcie_rx_pct", "pcie_tx_pct"):
-        s = c.filter(pl.col("name").cast(pl.String) == name)
-        if s.height:
-            out[name] = float(s.group_by("rank").agg(pl.col("value").mean())["value"].mean())
-    if "power_w" in out:
-        try:
-            from tracekit.analysis.power import power_verdicts
-
-            pr = power_verdicts(df, meta)
-            if pr.per_rank.height:
-                out["power_busy_w"] = float(pr.per_rank["power_busy_w"].mean() or 0.0)
-                out["verdict_codes"] = sorted(set(pr.per_rank["verdict_code"].to_list()))
-        except Exception:  # noqa: BLE001 - power verdicts are optional decoration
-            pass
+    if counters is not None and counters.height:
+        c = _in_spans(counters.filter(pl.col("kind").cast(pl.String) == "counter"), res.spans)
+        for name in ("power_w", "sm_active_pct", "tensor_active_pct", "gpc_clock_mhz", "pcie_rx_pct", "pcie_tx_pct"):
+            s = c.filter(pl.col("name").cast(pl.String) == name)
+            if s.height:
+                out[name] = float(s.group_by("rank").agg(pl.col("value").mean())["value"].mean())  # type: ignore[arg-type]
+    per = ((res.sections.get("power") or {}).get("per_rank")) or []
+    if "power_w" in out and per:
+        busy = [r.get("power_busy_w") for r in per if r.get("power_busy_w") is not None]
+        if busy:
+            out["power_busy_w"] = float(sum(busy) / len(busy))
+        out["verdict_codes"] = sorted({str(r.get("verdict_code")) for r in per if r.get("verdict_code")})
     return out
 
 
-def _kernels(df: pl.DataFrame, window) -> pl.DataFrame:
-    ops = df.filter(pl.col("kind").cast(pl.String).is_in(_GPU))
-    if window.start_ns is not None:
-        ops = ops.filter(pl.col("ts_ns") + pl.col("dur_ns") > window.start_ns)
-    if window.end_ns is not None:
-        ops = ops.filter(pl.col("ts_ns") < window.end_ns)
-    n_ranks = max(ops["rank"].n_unique(), 1)
+def _kernels(res: AnalysisResult) -> pl.DataFrame:
+    t = res.kernel_totals
+    n_ranks = max(len(res.ranks), 1)
+    if t.height == 0:
+        return pl.DataFrame(schema={"name": pl.String, "category": pl.String, "count": pl.Float64, "total_ns": pl.Float64})
     return (
-        ops.group_by(pl.col("name").cast(pl.String), pl.col("category").cast(pl.String).fill_null("other_compute"))
-        .agg(pl.len().alias("count"), pl.col("dur_ns").sum().alias("total_ns"))
+        t.group_by(pl.col("name").cast(pl.String), pl.col("category").cast(pl.String).fill_null("other_compute"))
+        .agg(pl.col("count").sum(), pl.col("total_ns").sum())
         .with_columns((pl.col("count") / n_ranks).alias("count"), (pl.col("total_ns") / n_ranks).alias("total_ns"))
     )
 
 
-def _coll_summary(inst: pl.DataFrame | None) -> pl.DataFrame:
+def _coll_summary(inst: pl.DataFrame | None, n_ranks: int) -> pl.DataFrame:
+    """Per collective name, per-rank means of count, kernel, transfer and wait time (the matching's own definitions)."""
     empty = pl.DataFrame(schema={"coll_name": pl.String, "count": pl.Float64, "kernel_ns": pl.Float64,
                                  "transfer_ns": pl.Float64, "wait_ns": pl.Float64})
     if inst is None or inst.height == 0:
         return empty
-    n_ranks = max(inst["rank"].n_unique(), 1)
-    trans = (pl.col("dur_ns") - pl.col("wait_ns")).clip(lower_bound=0)
+    n_ranks = max(n_ranks, 1)
     return (
         inst.group_by(pl.col("coll_name").cast(pl.String).fill_null("collective"))
-        .agg(pl.len().alias("count"), pl.col("dur_ns").sum().alias("kernel_ns"), trans.sum().alias("transfer_ns"),
+        .agg(pl.len().alias("count"), pl.col("dur_ns").sum().alias("kernel_ns"), pl.col("transfer_ns").sum().alias("transfer_ns"),
              pl.col("wait_ns").sum().alias("wait_ns"))
         .with_columns([(pl.col(c).cast(pl.Float64) / n_ranks).alias(c) for c in ("count", "kernel_ns", "transfer_ns", "wait_ns")])
         .sort("kernel_ns", descending=True)
     )
 
 
-def summarize_run(df: pl.DataFrame, meta: Mapping[str, Any] | None = None, *, label: str = "run") -> RunSummary:
-    """Reduce one finalized trace frame (all ranks) to a :class:`RunSummary`."""
+def summarize_result(res: AnalysisResult, *, label: str = "run", counters: pl.DataFrame | None = None) -> RunSummary:
+    """Reduce one :class:`~tracekit.analysis.result.AnalysisResult` to a :class:`RunSummary`.
+
+    ``counters``: the trace's counter rows (power, SM activity; read only inside the result's window)."""
     q = QualityLog()
-    ranks = sorted(int(r) for r in df["rank"].unique().to_list()) if df.height else []
-    win = _window(df, q)
-    inst, parts, cq = _collective_tables(df)
-    buckets, window_ns, busy = _buckets(df, win, parts)
-    steps, p50, p90, tps = _steps(df)
-    if not df.filter(pl.col("kind").cast(pl.String).is_in(_GPU)).height:
+    for d in res.quality:
+        q.add(d.get("code", "note"), d.get("message", ""), severity=d.get("severity", "warning"), rank=d.get("rank"))
+    buckets, window_ns, busy = _buckets(res)
+    steps, p50, p90, tps = _steps(res)
+    if res.kernel_totals.height == 0:
         q.add("diff_no_gpu_ops", f"{label}: no GPU ops; nothing to compare")
     return RunSummary(
-        label=label, ranks=ranks, window_ns=window_ns, steps_per_rank=steps, step_p50_ns=p50, step_p90_ns=p90,
-        tokens_per_s=tps, buckets=buckets, busy_ns=busy, collectives=_coll_summary(inst), kernels=_kernels(df, win),
-        power=_power(df, meta, win), quality=list(q) + cq,
+        label=label, ranks=res.ranks, window_ns=window_ns, steps_per_rank=steps, step_p50_ns=p50, step_p90_ns=p90,
+        tokens_per_s=tps, buckets=buckets, busy_ns=busy, collectives=_coll_summary(res.instances, len(res.ranks)),
+        kernels=_kernels(res), power=_power(counters, res), quality=list(q),
     )
+
+
+def summarize_run(df: pl.DataFrame, meta: Mapping[str, Any] | None = None, *, label: str = "run") -> RunSummary:
+    """Analyze one finalized trace frame (all ranks) and reduce it to a :class:`RunSummary`."""
+    from tracekit.api import analyze_frame_result
+
+    res = analyze_frame_result(df, dict(meta or {}))
+    return summarize_result(res, label=label, counters=df.filter(pl.col("kind").cast(pl.String) == "counter"))
 
 
 # --------------------------------------------------------------------------------------------- two runs
@@ -392,8 +357,8 @@ def _verdict(d: DiffResult, noise: float) -> list[str]:
 
 
 def diff_runs(
-    before: pl.DataFrame | RunSummary,
-    after: pl.DataFrame | RunSummary,
+    before: pl.DataFrame | RunSummary | AnalysisResult,
+    after: pl.DataFrame | RunSummary | AnalysisResult,
     *,
     before_meta: Mapping[str, Any] | None = None,
     after_meta: Mapping[str, Any] | None = None,
@@ -401,9 +366,17 @@ def diff_runs(
     top: int = 15,
     noise_frac: float = NOISE_FRAC,
 ) -> DiffResult:
-    """Compare two runs (frames or summaries); see the module docstring."""
-    b = before if isinstance(before, RunSummary) else summarize_run(before, before_meta, label=labels[0])
-    a = after if isinstance(after, RunSummary) else summarize_run(after, after_meta, label=labels[1])
+    """Compare two runs (analysis results, frames or summaries); see the module docstring."""
+
+    def one(x: pl.DataFrame | RunSummary | AnalysisResult, meta: Mapping[str, Any] | None, label: str) -> RunSummary:
+        if isinstance(x, RunSummary):
+            return x
+        if isinstance(x, AnalysisResult):
+            return summarize_result(x, label=label)
+        return summarize_run(x, meta, label=label)
+
+    b = one(before, before_meta, labels[0])
+    a = one(after, after_meta, labels[1])
     q = QualityLog()
     basis = "per_step" if b.has_steps and a.has_steps else "per_window"
     if basis == "per_window" and b.window_ns and a.window_ns and abs(a.window_ns - b.window_ns) > 0.1 * b.window_ns:

@@ -39,6 +39,7 @@ from tracekit.analysis.breakdown import (breakdown_finish, compute_breakdown, ke
                                          uncategorized_top)
 from tracekit.analysis.findings import basic_candidates, basic_findings, rank_findings
 from tracekit.analysis.gaps import SYNC_REGEX, host_activity
+from tracekit.analysis.result import AnalysisResult
 from tracekit.analysis.window import Window, parse_time_range, select_window, trace_overview
 
 __all__ = ["basic_findings", "ANALYSIS_COLUMNS", "analysis_rows_expr", "FrameSource", "ScanSource", "run_analysis", "ANALYSIS_VERSION"]
@@ -165,8 +166,8 @@ def run_analysis(
     trim_transient: bool = True,
     top: int = 5,
     cross_rank: bool = True,
-) -> dict[str, Any]:
-    """The analyze JSON object (docs/analyze_json.md) of ``source``."""
+) -> AnalysisResult:
+    """The :class:`AnalysisResult` of ``source``; ``.to_json()`` is the analyze JSON object (docs/analyze_json.md)."""
     quality = QualityLog()
     for q in meta.get("quality") or []:
         quality.add(q.get("code", "note"), q.get("message", ""), severity=q.get("severity", "warning"), rank=q.get("rank"))
@@ -208,9 +209,16 @@ def run_analysis(
                 if lst:
                     lst[-1] = compact(lst[-1])
         del df
-    extra: dict[str, Any] = crossrank.cross_rank_finish(plan, cr_parts) if plan is not None else {}
-    return _result(meta, win, breakdown_finish(bd_parts, win, split=split), merge_kernel_totals(kt_parts) if kt_parts else None,
-                   top, extra, quality)
+    tables: dict[str, Any] = {}
+    extra: dict[str, Any] = crossrank.cross_rank_finish(plan, cr_parts, tables) if plan is not None else {}
+    bd = breakdown_finish(bd_parts, win, split=split)
+    totals = merge_kernel_totals(kt_parts) if kt_parts else None
+    sections = _result(meta, win, bd, totals, top, extra, quality)
+    view = plan.view if plan is not None and plan.view is not None else pl.DataFrame()
+    offsets = {int(k): int(v) for k, v in plan.align.offsets_ns.items()} if plan is not None and plan.align.applied else {}
+    return AnalysisResult(meta=meta, window=win, buckets=tuple(bd.buckets), breakdown=bd.table,
+                          kernel_totals=totals if totals is not None else pl.DataFrame(), instances=view,
+                          clock_offsets_ns=offsets, steps=tables.get("steps", pl.DataFrame()), sections=sections)
 
 
 def _result(meta: Mapping[str, Any], win: Window, bd: Any, totals: pl.DataFrame | None, top: int, extra: dict[str, Any],

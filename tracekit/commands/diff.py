@@ -5,14 +5,26 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
+
+if TYPE_CHECKING:
+    import polars as pl
 
 from tracekit._errors import OutputError, UsageError
 from tracekit.commands._common import handle_errors
 
 __all__ = ["register"]
+
+
+def _counters(path: Path) -> "pl.DataFrame":
+    """The counter rows of a trace (power, SM activity), read with a lazy scan."""
+    import polars as pl
+
+    from tracekit.schema import scan_trace
+
+    return scan_trace(path).filter(pl.col("kind") == "counter").select("rank", "kind", "ts_ns", "name", "value").collect()
 
 
 def register(app: typer.Typer) -> None:
@@ -29,8 +41,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Compare two captures: time per category, step time p50/p90, tokens/s, collective transfer vs wait,
         power, the kernels whose time changed most, and a short verdict."""
-        from tracekit.analysis.diff import diff_runs
-        from tracekit.schema import atomic_path, read_trace
+        from tracekit.analysis.diff import diff_runs, summarize_result
+        from tracekit.api import analyze_result
+        from tracekit.schema import atomic_path
 
         if top < 1:
             raise UsageError("--top must be at least 1")
@@ -45,9 +58,9 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"--html {html_out}: refusing to overwrite an input")
         if html_out is not None and html_out.exists() and not force:
             raise OutputError(f"{html_out}: exists; pass --force to overwrite")
-        bdf, bmeta = read_trace(before)
-        adf, ameta = read_trace(after)
-        res = diff_runs(bdf, adf, before_meta=bmeta, after_meta=ameta, labels=names, top=top)
+        # each run is its analysis result: the windows, steps, tokens/s and collective waits `analyze` reports
+        runs = [summarize_result(analyze_result(p), label=n, counters=_counters(p)) for p, n in zip((before, after), names)]
+        res = diff_runs(runs[0], runs[1], labels=names, top=top)
         if html_out is not None:
             from tracekit.report.diff_html import render_html
 

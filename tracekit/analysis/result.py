@@ -1,0 +1,123 @@
+"""The analysis result: one typed object that every view reads.
+
+:func:`tracekit.analysis.pipeline.run_analysis` decides the window once, matches the
+collectives once, builds the step table and the breakdown once, and returns an
+:class:`AnalysisResult`. ``analyze --json`` is :meth:`AnalysisResult.to_json` (the stable
+object of docs/analyze_json.md); ``diff`` compares two results; ``timeline``, ``export``,
+``replay`` and ``analyze --html`` take the window, the steps and the collective matching from
+it instead of deriving their own.
+
+Time bases: ``instances`` are on the aligned clock the analysis uses (clock offsets applied);
+:meth:`AnalysisResult.instances_in_input_time` gives them on the trace's own clock, the one
+views draw on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import polars as pl
+
+from tracekit.analysis.window import Window
+
+__all__ = ["AnalysisResult", "INSTANCE_VIEW_COLUMNS"]
+
+#: columns of :attr:`AnalysisResult.instances` (a subset of ``collectives.INSTANCE_COLUMNS``)
+INSTANCE_VIEW_COLUMNS = [
+    "pg", "seq", "rank", "name", "coll_name", "step_id", "arrival_ns", "end_ns", "dur_ns", "wait_ns", "transfer_ns",
+    "late_rank", "n_ranks", "quality",
+]
+
+
+@dataclass
+class AnalysisResult:
+    """Everything one analysis of one trace decided (see the module doc).
+
+    ``breakdown``: per-rank exclusive split (``rank, window_start_ns, window_ns, gpu_busy_ns``,
+    one column per bucket, ``idle``; ``window_ns`` is the observed time: profiler windows only);
+    ``kernel_totals``: ``category, name, other, count, total_ns`` of every kernel in the window;
+    ``instances``: matched collective instances in the window (:data:`INSTANCE_VIEW_COLUMNS`);
+    ``steps``: the step table (one row per rank and step in the window; empty without steps);
+    ``sections``: the ``analyze --json`` object.
+    """
+
+    meta: Mapping[str, Any]
+    window: Window
+    buckets: tuple[str, ...]
+    breakdown: pl.DataFrame
+    kernel_totals: pl.DataFrame
+    instances: pl.DataFrame
+    clock_offsets_ns: dict[int, int]
+    steps: pl.DataFrame
+    sections: dict[str, Any] = field(default_factory=dict)
+
+    # ---- the stable JSON object
+    def to_json(self) -> dict[str, Any]:
+        """The ``analyze --json`` object (docs/analyze_json.md)."""
+        return self.sections
+
+    @property
+    def findings(self) -> list[Any]:
+        return list(self.sections.get("findings") or [])
+
+    @property
+    def quality(self) -> list[dict[str, Any]]:
+        return list(self.sections.get("quality") or [])
+
+    # ---- what views need
+    @property
+    def spans(self) -> tuple[tuple[int, int], ...]:
+        """Observed stretches: the profiler windows, else ``[start, end)`` of the window, else the per-rank extents' hull."""
+        if self.window.spans:
+            return tuple(self.window.spans)
+        lo = self.window.start_ns
+        hi = self.window.end_ns
+        if (lo is None or hi is None) and self.breakdown.height:
+            lo = int(self.breakdown["window_start_ns"].min()) if lo is None else lo  # type: ignore[arg-type]
+            ends = self.breakdown.select((pl.col("window_start_ns") + pl.col("window_ns")).max()).item()
+            hi = int(ends) if hi is None else hi
+        return ((int(lo), int(hi)),) if lo is not None and hi is not None else ()
+
+    @property
+    def ranks(self) -> list[int]:
+        return [int(r) for r in self.breakdown["rank"].to_list()] if self.breakdown.height else []
+
+    def observed_ns(self) -> dict[int, int]:
+        """Analyzed time per rank (ns)."""
+        return {int(r): int(w) for r, w in zip(self.breakdown["rank"].to_list(), self.breakdown["window_ns"].to_list())}
+
+    def profiled_steps(self) -> pl.DataFrame:
+        """Step rows that have GPU work (the ones the step summary counts)."""
+        if self.steps.height == 0:
+            return self.steps
+        return self.steps.filter(~pl.col("no_gpu")) if "no_gpu" in self.steps.columns else self.steps
+
+    def steps_per_rank(self) -> float:
+        st = self.profiled_steps()
+        if st.height == 0:
+            return 0.0
+        return float(st.group_by("rank").len()["len"].mean() or 0.0)
+
+    def tokens_per_s(self) -> float | None:
+        """Tokens over step time of the profiled steps (all ranks): the step summary's definition, over every group."""
+        st = self.profiled_steps()
+        if st.height == 0 or "tokens" not in st.columns or st["tokens"].null_count() == st.height:
+            return None
+        dur = float(st["dur_ns"].sum() or 0)
+        return float(st["tokens"].sum() or 0) / (dur * 1e-9) if dur > 0 else None
+
+    def collective_wait_ns(self) -> dict[int, int]:
+        """Total collective wait per rank (the one definition: :mod:`tracekit.analysis.collectives`)."""
+        if self.instances.height == 0:
+            return {}
+        t = self.instances.group_by("rank").agg(pl.col("wait_ns").sum()).sort("rank")
+        return {int(r): int(w) for r, w in zip(t["rank"].to_list(), t["wait_ns"].to_list())}
+
+    def instances_in_input_time(self) -> pl.DataFrame:
+        """:attr:`instances` with ``arrival_ns``/``end_ns`` back on the trace's own clock (what views draw)."""
+        if not any(self.clock_offsets_ns.values()) or self.instances.height == 0:
+            return self.instances
+        back = {int(k): -int(v) for k, v in self.clock_offsets_ns.items()}
+        off = pl.col("rank").cast(pl.Int64).replace_strict(back, default=0, return_dtype=pl.Int64)
+        return self.instances.with_columns(pl.col("arrival_ns") + off, pl.col("end_ns") + off)
