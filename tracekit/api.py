@@ -42,7 +42,7 @@ def analyze(
     tables, never the whole trace. Same result as :func:`analyze_frame` on the whole frame.
     """
     return analyze_result(path, window=window, skip_steps=skip_steps, trim_transient=trim_transient, top=top, ranks=ranks,
-                          cross_rank=cross_rank).to_json()
+                          cross_rank=cross_rank, steps_from=steps_from).to_json()
 
 
 def analyze_result(
@@ -54,6 +54,7 @@ def analyze_result(
     top: int = 5,
     ranks: Sequence[int] | None = None,
     cross_rank: bool = True,
+    steps_from: str | None = None,
 ) -> AnalysisResult:
     """:func:`analyze` as the typed :class:`~tracekit.analysis.result.AnalysisResult` every view reads."""
     meta = read_metadata(path)
@@ -65,7 +66,7 @@ def analyze_result(
         df = resteps(lf.collect(), compile_steps_from(steps_from) or steps_from)
         res = run_analysis(FrameSource(df), {**meta, "steps_from": steps_from}, window=window, skip_steps=skip_steps,
                            trim_transient=trim_transient, top=top, cross_rank=cross_rank)
-        res["trace"] = str(path)
+        res.sections["trace"] = str(path)
         return res
     res = run_analysis(ScanSource(path, lf), meta, window=window, skip_steps=skip_steps, trim_transient=trim_transient,
                        top=top, cross_rank=cross_rank)

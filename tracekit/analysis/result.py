@@ -104,7 +104,7 @@ class AnalysisResult:
         st = self.profiled_steps()
         if st.height == 0 or "tokens" not in st.columns or st["tokens"].null_count() == st.height:
             return None
-        dur = float(st["dur_ns"].sum() or 0)
+        dur = float(st["step_ns" if "step_ns" in st.columns else "dur_ns"].sum() or 0)  # the step summary's step time
         return float(st["tokens"].sum() or 0) / (dur * 1e-9) if dur > 0 else None
 
     def collective_wait_ns(self) -> dict[int, int]:
