@@ -17,6 +17,7 @@ from tracekit.cli import app
 from tracekit.schema import frame_from_rows, write_trace
 
 from ._util import XSS, have_chromium, pre_json, run_page, small_rows
+from ._chrome_json import check_chrome_json
 from .test_perfetto import assert_nested
 
 NSYS = Path(os.environ.get("TRACEKIT_TRACES", "/work/shared/traces") + "/nsys/generated-h200")
@@ -114,8 +115,13 @@ def test_real_h200_perfetto(h200, tmp_path):
     out = tmp_path / "h200.json.gz"
     r = cli("export", str(h200), "--perfetto", str(out), "--cpu")
     assert r.exit_code == 0, r.output
-    ev = json.load(gzip.open(out, "rt"))["traceEvents"]
+    doc = json.load(gzip.open(out, "rt"))
+    ev = doc["traceEvents"]
     assert_nested(ev)
+    got = check_chrome_json(doc)  # the documented Chrome JSON format (trace_processor cannot run offline)
+    assert got["cross_pid_flows"] == 60 and got["flows"] > 5000  # allreduce flows across ranks + launch flows
+    # GPU_METRICS as counter tracks: SM / tensor activity and PCIe per rank (README: 30 metrics x 1140 samples)
+    assert got["counter_tracks"] >= 2 * 4 and got["counters"] >= 2 * 4 * 1000
     coll = [e for e in ev if e["ph"] == "s" and e["cat"] == "collective"]
     assert len(coll) == 60  # 60 all-reduce instances, one rank-to-rank flow each
     assert len([e for e in ev if e["ph"] == "s" and e["cat"] == "launch"]) > 5000  # launch → kernel flows

@@ -89,6 +89,13 @@ def test_steps_and_nested_ranges(exported):
     assert rng[:2] == [(10.0, "forward"), (20.0, "moe_layer")]
 
 
+def test_documented_chrome_json_format(exported):
+    from ._chrome_json import check_chrome_json
+
+    got = check_chrome_json(exported[0])
+    assert got["cross_pid_flows"] == 3 and got["counter_tracks"] == 4  # 3 allreduces; power + PCIe on 2 ranks
+
+
 def test_counters(exported):
     ev = exported[0]["traceEvents"]
     pw = [e for e in ev if e["ph"] == "C" and e["name"] == "power_w" and e["pid"] == 2]

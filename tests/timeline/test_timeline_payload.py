@@ -239,7 +239,7 @@ def test_summary_tables(small_df):
 def test_render_atomic_and_refuses_overwrite(small_df, tmp_path):
     out = tmp_path / "t.html"
     res = render_timeline(small_df, {}, None, out)
-    assert out.exists() and res["bytes"] == out.stat().st_size and res["ops_drawn"] == 30
+    assert out.exists() and res["bytes"] == out.stat().st_size and res["ops_embedded"] == 30
     with pytest.raises(OutputError, match="--force"):
         render_timeline(small_df, {}, None, out)
     render_timeline(small_df, {}, None, out, force=True)
@@ -252,7 +252,7 @@ def test_empty_and_gpu_less_frames(tmp_path):
     render_timeline(frame_from_rows([]), {}, None, tmp_path / "a.html")
     cpu_only = frame_from_rows([{"rank": 0, "kind": "cpu_op", "ts_ns": BASE, "dur_ns": 10, "name": "aten::mm"}])
     res = render_timeline(cpu_only, {}, None, tmp_path / "b.html")
-    assert res["ops_drawn"] == 0
+    assert res["ops_embedded"] == 0
 
 
 def test_stalls_rank_without_lanes_and_odd_analysis(small_df):

@@ -68,4 +68,4 @@ def register(app: typer.Typer) -> None:
                               max_segments=max_segments, title=trace.name, all_counters=all_counters)
         folded = f", {res['ops_folded']:,} folded" if res["ops_folded"] else ""
         print(f"wrote {out} ({res['bytes'] / 1e6:.1f} MB): {res['lanes']} lanes, {res['ops_in_view']:,} ops in the detail view "
-              f"({res['ops_drawn']:,} embedded{folded}); detail = {res['window_reason']}", file=sys.stderr)
+              f"({res['ops_embedded']:,} embedded{folded}); detail = {res['window_reason']}", file=sys.stderr)

@@ -36,7 +36,7 @@ import polars as pl
 
 from tracekit import __version__
 from tracekit._errors import OutputError
-from tracekit.report.timeline_data import analysis_events, capture_bounds, counter_group, gpu_ops
+from tracekit.report.timeline_data import CPU_LANE, analysis_events, capture_bounds, counter_group, gpu_ops
 from tracekit.report.timeline_detail import collective_instances
 from tracekit.schema import atomic_path
 
@@ -146,20 +146,32 @@ def _meta(pid: int, tid: int | None, kind: str, value: Any) -> str:
 
 
 def _collective_flows(ops: pl.DataFrame, stream_tid: pl.DataFrame, analysis: Mapping[str, Any]) -> pl.DataFrame:
-    """Flow pairs (s → f) chaining each collective instance's kernels in arrival order; instances from
-    ``analysis['collective_instances']`` when given, else the frame's ``pg_name`` + ``coll_seq``."""
+    """Flow pairs (s → f) chaining each collective instance's ops across ranks in arrival order.
+
+    Instances from ``analysis['collective_instances']`` (the analysis' matching,
+    :func:`tracekit.analysis.collectives.match_collectives`) when given, else the frame's
+    ``pg_name`` + ``coll_seq``. Each end lies inside its slice *as exported* (slices are
+    clipped to the next op on their stream): the start at the next rank's arrival (clipped
+    into the slice, so a flow never runs backwards), the end at the middle of the next slice.
+    """
     inst = collective_instances(ops, analysis)
     if inst.height == 0:
         return pl.DataFrame()
-    c = ops.with_columns(pl.col("rank").cast(pl.Int64)).join(
-        inst.select("rank", "ts_ns", "pg", "seq").unique(["rank", "ts_ns"]), on=["rank", "ts_ns"], how="inner")
+    end = pl.col("ts_ns") + pl.col("dur_ns")
+    o = ops.select(pl.col("rank").cast(pl.Int64), "device", "stream", "ts_ns", "dur_ns").sort(
+        ["rank", "device", "stream", "ts_ns"]).with_columns(
+        pl.min_horizontal(end, pl.coalesce(pl.col("ts_ns").shift(-1).over(["rank", "device", "stream"]), end)).alias("_end"))
+    c = o.join(inst.select("rank", "ts_ns", "pg", "seq").unique(["rank", "ts_ns"]), on=["rank", "ts_ns"], how="inner")
     c = c.join(stream_tid.with_columns(pl.col("rank").cast(pl.Int64)), on=["rank", "device", "stream"], how="inner").select(
-        (pl.col("rank") + 1).cast(pl.Int64).alias("pid"), "tid", "pg", "seq",
-        (pl.col("ts_ns") + pl.col("dur_ns") // 2).alias("mid"), pl.col("ts_ns"))
+        (pl.col("rank") + 1).cast(pl.Int64).alias("pid"), "tid", "pg", "seq", "ts_ns", "_end",
+        (pl.col("ts_ns") + (pl.col("_end") - pl.col("ts_ns")) // 2).alias("mid"))
+    nxt = ["pg", "seq"]
     c = c.sort(["pg", "seq", "ts_ns"]).with_columns(
-        pl.col("pid").shift(-1).over(["pg", "seq"]).alias("pid2"), pl.col("tid").shift(-1).over(["pg", "seq"]).alias("tid2"),
-        pl.col("mid").shift(-1).over(["pg", "seq"]).alias("mid2"))
-    return c.filter(pl.col("pid2").is_not_null()).with_row_index("id", offset=1)
+        pl.col("pid").shift(-1).over(nxt).alias("pid2"), pl.col("tid").shift(-1).over(nxt).alias("tid2"),
+        pl.col("mid").shift(-1).over(nxt).alias("mid2"), pl.col("ts_ns").shift(-1).over(nxt).alias("_arr2"))
+    c = c.filter(pl.col("pid2").is_not_null()).with_columns(
+        pl.max_horizontal(pl.col("ts_ns"), pl.min_horizontal(pl.col("_arr2"), pl.col("_end") - 1, pl.col("mid2"))).alias("mid"))
+    return c.drop(["_end", "_arr2"]).with_row_index("id", offset=1)
 
 
 def export_perfetto(
@@ -184,9 +196,14 @@ def export_perfetto(
     ranks = sorted(df.get_column("rank").unique().to_list()) if df.height else []
     gpu_names = {int(r.get("rank")): str(r.get("device_name")) for r in (meta.get("ranks") or [])
                  if isinstance(r, Mapping) and r.get("rank") is not None and r.get("device_name")}
-    ops = gpu_ops(df).drop("tid")
+    ops = gpu_ops(df)  # device work: GPU ops, or CPU-mode operators / gloo collectives (stream = thread id)
+    dev_ranges = ops.filter(pl.col("kind").cast(pl.String) == "range").select(
+        pl.col("rank"), pl.col("ts_ns"), pl.col("tid"), pl.lit(True).alias("_dev"))
+    ops = ops.drop("tid")
     streams = ops.select("rank", "device", "stream").unique().sort(["rank", "device", "stream"]).with_columns(
         (pl.int_range(pl.len()).over("rank") + TID_STREAM0).cast(pl.Int64).alias("tid"))
+    comm_threads = {(int(a), int(b)) for a, b in ops.filter(pl.col("device") == CPU_LANE).group_by(["rank", "stream"]).agg(
+        (pl.col("category") == "communication").all().alias("c")).filter(pl.col("c")).select("rank", "stream").iter_rows()}
     stats = {"events": 0, "slices": 0, "flows": 0, "counters": 0, "instants": 0, "clipped": 0}
     stalls = analysis_events(analysis.get("stalls"))
     pcie = analysis_events(analysis.get("pcie_phases"))
@@ -206,8 +223,9 @@ def export_perfetto(
                                    (TID_STALLS, "stalls"), (TID_PCIE, "PCIe-bound")):
                     md += [_meta(pid, tid, "thread_name", label), _meta(pid, tid, "thread_sort_index", tid)]
                 for dev, st, tid in streams.filter(pl.col("rank") == r).select("device", "stream", "tid").iter_rows():
-                    md += [_meta(pid, tid, "thread_name", f"GPU {dev} stream {st}"),
-                           _meta(pid, tid, "thread_sort_index", tid)]
+                    label = (f"CPU thread {st} ({'gloo collectives' if (int(r), int(st)) in comm_threads else 'forward ops'})"
+                             if dev == CPU_LANE else f"GPU {dev} stream {st}")
+                    md += [_meta(pid, tid, "thread_name", label), _meta(pid, tid, "thread_sort_index", tid)]
                 _write(fh, md, state)
                 rk = df.filter(pl.col("rank") == r)
                 # GPU ops: one track per stream, sequential
@@ -239,7 +257,8 @@ def export_perfetto(
                     _write(fh, _x_events(st, base, ["step_id", "step_mode", "batch_size", "tokens", "profiled"]), state)
                     stats["slices"] += st.height
                 # ranges (CPU side) and GPU ranges per stream: nested tracks
-                rg = rk.filter(kind == "range").select(
+                rg = rk.filter(kind == "range").join(dev_ranges, on=["rank", "ts_ns", "tid"], how="left").filter(
+                    pl.col("_dev").is_null()).select(
                     pl.col("name").cast(pl.String), pl.lit("range").alias("cat"), pl.lit(pid).alias("pid"),
                     pl.lit(TID_RANGES).alias("tid"), pl.col("ts_ns").alias("start"),
                     (pl.col("ts_ns") + pl.col("dur_ns")).alias("end"), pl.col("src").cast(pl.String))
@@ -269,11 +288,13 @@ def export_perfetto(
                             pl.col("ts_ns").alias("start"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("end"),
                             pl.col("src").cast(pl.String)))
                         launches = cpu.filter(pl.col("correlation").is_not_null()).select(
-                            pl.col("tid").alias("ctid"), pl.col("correlation"),
+                            pl.col("tid").alias("ctid"), pl.col("correlation"), pl.col("ts_ns").alias("cs"),
                             (pl.col("ts_ns") + pl.col("dur_ns") // 2).alias("cmid"))
                         kl = ops.filter((pl.col("rank") == r) & pl.col("correlation").is_not_null()).join(
                             streams, on=["rank", "device", "stream"]).join(launches, on="correlation").select(
-                            "ctid", "cmid", "tid", (pl.col("ts_ns") + pl.col("dur_ns") // 2).alias("kmid"))
+                            "ctid", "cs", "cmid", "tid", (pl.col("ts_ns") + pl.col("dur_ns") // 2).alias("kmid")).with_columns(
+                            # a flow never runs backwards: start no later than the kernel's middle (inside the call)
+                            pl.max_horizontal("cs", pl.min_horizontal("cmid", "kmid")).alias("cmid"))
                         if kl.height:
                             ids = np.arange(kl.height) + 1 + 10**9 * (int(r) + 1)
                             kl = kl.with_columns(pl.Series("id", ids))

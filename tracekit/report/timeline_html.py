@@ -373,6 +373,6 @@ def render_timeline(
     det = payload["detail"]
     w = payload["_window"]
     return {"path": str(out), "bytes": len(html.encode("utf-8")), "window_ns": [w.start_ns, w.end_ns],
-            "window_reason": w.reason, "ops_in_view": payload["_view_ops"], "ops_drawn": det["kernels"]["n"],
+            "window_reason": w.reason, "ops_in_view": payload["_view_ops"], "ops_embedded": det["kernels"]["n"],
             "ops_folded": det["folded"]["n_ops"] if det.get("folded") else 0, "lanes": len(det["lanes"])}
 

@@ -366,7 +366,8 @@ function buildDetail(ax) {
     var vlo = LOD_ON ? (lo - span * 0.25 - x0) * 1000 : -Infinity, vhi = LOD_ON ? (hi + span * 0.25 - x0) * 1000 : Infinity;
     var segX = [], segY = [], hx = [], hy = [], ht = [], c2;
     for (c2 = 0; c2 < NC; c2++) { segX.push([]); segY.push([]); hx.push([]); hy.push([]); ht.push([]); }
-    var busy = new Float64Array(NC), drawn = 0, merged = 0, inView = 0, rlo = (lo - x0) * 1000, rhi = (hi - x0) * 1000;
+    var busy = new Float64Array(NC), drawn = 0, merged = 0, inView = 0, inViewOps = 0;
+    var rlo = (lo - x0) * 1000, rhi = (hi - x0) * 1000;
     for (var L = 0; L < nLanes; L++) {
       var a = laneLo[L], b = laneLo[L + 1];
       if (a >= b) continue;
@@ -384,8 +385,8 @@ function buildDetail(ax) {
         ht[best].push(bN === 1 ? kernelText(bLong) : bN + ' ops merged (zoom in) · busy ' + fmtDur(busy.reduce(function (u, v) { return u + v; }, 0)) +
                       '<br>longest: ' + kernelText(bLong));
         for (q = 0; q < NC; q++) busy[q] = 0;
+        if (bS < rhi && bE > rlo) { inView += 1; inViewOps += bN; }
         merged += bN > 1 ? bN : 0; drawn += 1; bN = 0; bLong = -1;
-        if (bS < rhi && bE > rlo) inView += 1;
       };
       for (var j = lo2; j < b; j++) {
         var st = ks[j], du = kd[j];
@@ -397,7 +398,7 @@ function buildDetail(ax) {
           segX[cc].push(sMs, e1, NaN); segY[cc].push(L, L, NaN);
           hx[cc].push(sMs + du / 2000); hy[cc].push(L); ht[cc].push(kernelText(j));
           drawn += 1;
-          if (st < rhi && st + du > rlo) inView += 1;
+          if (st < rhi && st + du > rlo) { inView += 1; inViewOps += 1; }
           continue;
         }
         var cl = Math.floor((sMs - lo) / msPerPx);
@@ -407,7 +408,7 @@ function buildDetail(ax) {
       }
       flush();
     }
-    STATUS.lod = {drawn: drawn, merged: merged, in_view: inView};
+    STATUS.lod = {drawn: drawn, merged: merged, in_view: inView, in_view_ops: inViewOps};
     return {segX: segX, segY: segY, hx: hx, hy: hy, ht: ht};
   }
   // names on the segments once zoomed in far enough (>= LABEL_PX wide): at most MAX_LABELS, widest first
@@ -440,7 +441,8 @@ function buildDetail(ax) {
   }
   var catTrace = [];
   var lod0 = buildLOD(VIEW0, VIEW1);
-  STATUS.view = {x0_ms: VIEW0, x1_ms: VIEW1, ops_drawn: lod0 ? STATUS.lod.in_view : 0};
+  // initial view: segments drawn that intersect it, and the ops they stand for (merged sub-pixel ops included)
+  STATUS.view = {x0_ms: VIEW0, x1_ms: VIEW1, segments: STATUS.lod.in_view, ops: STATUS.lod.in_view_ops};
   for (var c = 0; c < NC; c++) {
     catTrace.push(traces.length);
     traces.push(segTrace(ax, lod0.segX[c], lod0.segY[c], COLORS[c], LW, CATS[c], 'cat' + c, true));
