@@ -151,10 +151,21 @@ def _stacks(cpu: list[dict[str, Any]], launches: list[dict[str, Any]]) -> dict[i
     return out
 
 
-def truth(path: Path) -> dict[str, Any]:
-    """Per-category shares (% of summed GPU-op time) and per-name truth for one with_stack trace."""
+STEP_RX = re.compile(r"^(forward|step|ProfilerStep)[#\[ _]")
+
+
+def truth(path: Path, steps: int | None = None) -> dict[str, Any]:
+    """Per-category shares (% of summed GPU-op time) and per-name truth for one with_stack trace.
+
+    ``steps``: only GPU ops launched inside the first ``steps`` step ranges (``forward#i…``,
+    ``step[…]``, ``ProfilerStep#i``), so the truth covers the same steps as a cut fixture."""
     doc = _load(path)
     ev: list[dict[str, Any]] = doc["traceEvents"] if isinstance(doc, dict) else doc
+    window = None
+    if steps is not None:
+        rs = sorted((e for e in ev if e.get("ph") == "X" and e.get("cat") == "user_annotation" and STEP_RX.search(e.get("name", ""))),
+                    key=lambda e: e["ts"])[:steps]
+        window = (rs[0]["ts"], rs[-1]["ts"] + rs[-1]["dur"])
     gpu = [e for e in ev if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     cpu = [e for e in ev if e.get("ph") == "X" and e.get("cat") in ("python_function", "cpu_op", "user_annotation")]
     launches = [e for e in ev if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver")
@@ -162,6 +173,9 @@ def truth(path: Path) -> dict[str, Any]:
     if not any(e.get("cat") == "python_function" for e in cpu):
         raise SystemExit(f"{path}: no python_function events; capture the twin with with_stack=True")
     stacks = _stacks(cpu, launches)
+    if window is not None:
+        lts = {int(e["args"]["correlation"]): float(e["ts"]) for e in launches}
+        gpu = [e for e in gpu if window[0] <= lts.get(int((e.get("args") or {}).get("correlation", -1)), -1.0) <= window[1]]
     busy = 0.0
     per_cat: dict[str, float] = defaultdict(float)
     per_name: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0])
@@ -210,8 +224,10 @@ def main(argv: Iterable[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("trace", type=Path)
     ap.add_argument("-o", "--out", type=Path)
+    ap.add_argument("--steps", type=int, help="only the first N step ranges (match a cut fixture)")
     a = ap.parse_args(list(argv) if argv is not None else None)
-    t = truth(a.trace)
+    t = truth(a.trace, a.steps)
+    t["steps"] = a.steps
     for c, v in t["shares_pct"].items():
         print(f"{c:14s} {v:6.2f}%")
     for r in t["by_name"][:25]:

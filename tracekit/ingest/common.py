@@ -11,7 +11,8 @@
    (``launch_ts_ns``, ``launch_dur_ns``, ``launch_tid``, ``launch_name``; a
    ``cudaGraphLaunch`` shares its correlation with all the graph's kernels),
 3. ``category``/``family`` are set by name rules, then context rules (ops
-   launched inside e.g. a ``moe.experts`` range),
+   launched inside e.g. a ``moe.experts`` range), then the MoE launch-pattern
+   pass (:mod:`tracekit.ingest.moe_structure`: routers, expert loops, eager attention),
 4. collective metadata from ``record_param_comms`` is attached to the GPU
    collective it launched, ``coll_name`` is inferred from kernel names when
    missing, and ``coll_seq`` numbers collectives within (rank, group),
@@ -31,6 +32,7 @@ import polars as pl
 from tracekit._frames import NAME_CODE, aligned, attach, attach_rows, distinct_names, row_index  # noqa: F401
 from tracekit.analysis.intervals import covered_by
 from tracekit.categories import RuleSet, default_rules
+from tracekit.ingest.moe_structure import apply_moe_structure
 from tracekit.schema import conform
 from tracekit.steplabels import FAMILIES, NUMBERED, choose_family, label_fields
 
@@ -435,6 +437,7 @@ def finalize_rank(raw: pl.DataFrame | list[pl.DataFrame], rules: RuleSet | None 
     df = rules.categorize(df)
     df = _cpu_mode(df)
     df = _context_rules(df, rules)
+    df = apply_moe_structure(df)
     df = _collectives(df)
     df = _assign_steps(df)
     df = conform(df)

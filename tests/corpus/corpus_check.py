@@ -1,0 +1,131 @@
+"""Measure one corpus trace against its expectation: category shares, other_compute, steps, decode step time.
+
+Used by ``test_corpus.py`` (asserts) and runnable on its own for the table:
+``python tests/corpus/corpus_check.py`` prints every trace.
+
+Shares are of summed GPU-op time (kernels, copies, memsets) over the steps the fixture holds, the
+same definition as the truth (``truth.py``). Truth is either the with_stack twin's module chain
+(``truth_method: with_stack``, shares stored) or, for shared traces captured without stacks, a
+hand-labelled family table (``truth_method: hand_labels``: ordered ``[regex, category, why]`` rows
+written from the kernel names by hand, independent of ``schemas/categories_v1.json``; every kernel
+must match one row).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+
+from tracekit.analysis.steps import step_stats
+from tracekit.ingest.convert import convert
+from tracekit.schema import CATEGORIES, read_trace
+
+TOL_PP = 3.0
+OTHER_MAX_PCT = 10.0
+TRACES = Path(os.environ.get("TRACEKIT_TRACES", "/work/shared/traces"))
+
+
+def cases() -> list[str]:
+    return sorted(p.stem for p in (HERE / "expect").glob("*.json"))
+
+
+def load(case: str) -> dict[str, Any]:
+    return json.loads((HERE / "expect" / f"{case}.json").read_text())
+
+
+def trace_path(exp: dict[str, Any]) -> Path:
+    return (TRACES / exp["shared_trace"]) if "shared_trace" in exp else (HERE / exp["trace"])
+
+
+def _gpu(df: pl.DataFrame) -> pl.DataFrame:
+    return df.filter(pl.col("kind").cast(pl.String).is_in(["kernel", "memcpy", "memset"]))
+
+
+def shares(g: pl.DataFrame, col: str = "category") -> dict[str, float]:
+    tot = g["dur_ns"].sum() or 1
+    s = dict(g.group_by(pl.col(col).cast(pl.String)).agg(pl.col("dur_ns").sum()).iter_rows())
+    return {c: 100.0 * s.get(c, 0) / tot for c in CATEGORIES}
+
+
+def hand_truth(g: pl.DataFrame, labels: list[list[str]]) -> tuple[dict[str, float], list[str]]:
+    """Truth shares from hand labels (first matching row wins; memcpy/memset are memory)."""
+    names = g.filter(pl.col("kind").cast(pl.String) == "kernel").select(pl.col("name").cast(pl.String).unique()).to_series().to_list()
+    table, missing = {}, []
+    for n in names:
+        for rx, cat, *_ in labels:
+            if re.search(rx, n):
+                table[n] = cat
+                break
+        else:
+            missing.append(n)
+    lab = g.with_columns(
+        pl.when(pl.col("kind").cast(pl.String) != "kernel").then(pl.lit("memory"))
+        .otherwise(pl.col("name").cast(pl.String).replace_strict(table, default=None)).alias("_truth")
+    )
+    return shares(lab, "_truth"), missing
+
+
+def measure(case: str, workdir: Path) -> dict[str, Any]:
+    exp = load(case)
+    src = trace_path(exp)
+    out = workdir / f"{case}.parquet"
+    convert([src], out, force=True)
+    df, _ = read_trace(out)
+    g = _gpu(df)
+    ours = shares(g)
+    missing: list[str] = []
+    if exp["truth_method"] == "hand_labels":
+        truth, missing = hand_truth(g, exp["hand_labels"])
+    else:
+        truth = exp["shares_pct"]
+    tot = g["dur_ns"].sum() or 1
+    unexplained = 100.0 * g.filter(pl.col("family").cast(pl.String) == "other")["dur_ns"].sum() / tot
+    st = step_stats(df)
+    steps = st.steps
+    n_steps = steps.select(pl.struct("rank", "step_id").n_unique()).item() if steps.height else 0
+    dec = steps.filter(pl.col("mode") == "DECODE") if steps.height else steps
+    ours_dec_ms = statistics.median((dec["step_ns"] / 1e6).to_list()) if dec.height else None
+    prog = [p for p in exp.get("program_clock", []) if ":decode" in p["label"]]
+    prog_ms = statistics.median(p["gpu_ms"] for p in prog) if prog else None
+    return {
+        "case": case, "ours": ours, "truth": truth, "other_compute": ours["other_compute"], "unexplained_other": unexplained,
+        "steps_found": n_steps, "steps_truth": exp["steps"]["count"], "modes": sorted({str(m) for m in steps["mode"].to_list()}) if steps.height else [],
+        "decode_ms": ours_dec_ms, "program_decode_ms": prog_ms, "known_gaps": exp.get("known_gaps", {}), "missing_labels": missing,
+        "expect_steps": exp["steps"], "summary": st.summary.to_dicts() if st.summary.height else [],
+    }
+
+
+def table(m: dict[str, Any]) -> str:
+    rows = [f"== {m['case']}"]
+    rows.append(f"   {'category':14s} {'ours %':>8s} {'truth %':>8s} {'diff pp':>8s}")
+    for c in CATEGORIES:
+        d = m["ours"][c] - m["truth"].get(c, 0.0)
+        flag = " (known gap)" if c in m["known_gaps"] else (" <-- beyond 3 pp" if abs(d) > TOL_PP else "")
+        rows.append(f"   {c:14s} {m['ours'][c]:8.2f} {m['truth'].get(c, 0.0):8.2f} {d:+8.2f}{flag}")
+    rows.append(f"   other_compute {m['other_compute']:.1f}% (no rule matched: {m['unexplained_other']:.2f}%)")
+    rows.append(f"   steps found {m['steps_found']} / truth {m['steps_truth']} modes {m['modes']}")
+    if m["program_decode_ms"] is not None:
+        rows.append(f"   decode step p50 {m['decode_ms']:.1f} ms / program clock (CUDA events) {m['program_decode_ms']:.1f} ms")
+    return "\n".join(rows)
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory() as d:
+        for c in cases():
+            print(table(measure(c, Path(d))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""The real-trace corpus: every trace's category shares against its truth (fail beyond 3 pp), other_compute,
+steps against the truth, decode step time against the program's own clock, tokens/s from the GPU span.
+
+Fixtures: ``tests/corpus/fixtures`` (GPU captures, cut) and the shared TraceLens traces; expectations in
+``tests/corpus/expect`` (see README.md for how each truth was made). Run with ``-s`` to see the tables.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from corpus_check import OTHER_MAX_PCT, TOL_PP, cases, load, measure, table, trace_path
+
+CASES = cases()
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("corpus")
+
+
+_MEMO: dict[str, dict] = {}
+
+
+def _measured(case: str, workdir: Path) -> dict:
+    if case not in _MEMO:
+        if not trace_path(load(case)).exists():
+            pytest.skip(f"{case}: trace not available")
+        _MEMO[case] = measure(case, workdir)
+        print("\n" + table(_MEMO[case]))
+    return _MEMO[case]
+
+
+def test_corpus_is_there() -> None:
+    assert len([c for c in CASES if "shared_trace" not in load(c)]) >= 7, "GPU fixtures missing"
+    for c in CASES:
+        e = load(c)
+        if "trace" in e:
+            assert trace_path(e).stat().st_size < 3_000_000, f"{c}: fixture over 3 MB"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_category_shares_match_truth(case: str, workdir: Path) -> None:
+    m = _measured(case, workdir)
+    assert not m["missing_labels"], f"{case}: kernels without a hand label: {m['missing_labels'][:5]}"
+    assert abs(sum(m["truth"].values()) - 100.0) < 0.01
+    bad = []
+    for c, ours in m["ours"].items():
+        d = abs(ours - m["truth"].get(c, 0.0))
+        limit = m["known_gaps"].get(c, {}).get("max_pp", TOL_PP)
+        if d > limit:
+            bad.append(f"{c}: ours {ours:.2f}% truth {m['truth'].get(c, 0.0):.2f}% ({d:.2f} pp > {limit} pp)")
+    assert not bad, f"{case}: " + "; ".join(bad)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_other_compute_is_explained(case: str, workdir: Path) -> None:
+    m = _measured(case, workdir)
+    # other_compute may be large only when it is elementwise work a rule names (norm, activation, rope, pointwise ...)
+    assert m["unexplained_other"] < OTHER_MAX_PCT, f"{case}: {m['unexplained_other']:.1f}% of busy time matched no rule"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_steps_match_truth(case: str, workdir: Path) -> None:
+    m = _measured(case, workdir)
+    exp = m["expect_steps"]
+    assert m["steps_found"] == exp["count"]
+    if "modes" in exp:
+        assert m["modes"] == sorted(exp["modes"])
+    if "batch_size" in exp:
+        assert {r["batch_size"] for r in m["summary"]} == {exp["batch_size"]}
+    if "gpu_span_ms" in exp:  # tokens/s from the GPU span when the host range is shorter
+        (row,) = m["summary"]
+        assert row["step_p50_ns"] / 1e6 == pytest.approx(exp["gpu_span_ms"], rel=0.01)
+        assert row["tokens_per_s"] == pytest.approx(exp["tokens"] / (exp["gpu_span_ms"] / 1e3), rel=0.01)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if load(c).get("program_clock")])
+def test_decode_step_time_matches_program_clock(case: str, workdir: Path) -> None:
+    m = _measured(case, workdir)
+    assert m["decode_ms"] == pytest.approx(m["program_decode_ms"], rel=0.05)
