@@ -1,87 +1,210 @@
-"""``tracekit capture -- PROGRAM ...``: profile any PyTorch / torchrun program.
+"""``tracekit capture -- PROGRAM ...``: profile any PyTorch / torchrun program, like ``nsys profile``.
 
-The program runs with ``TRACEKIT_CAPTURE_DIR`` set and ``tracekit/capture/_boot``
-first on ``PYTHONPATH``; its ``sitecustomize`` starts a torch profiler in each
-Python process (each torchrun worker, identified by ``RANK``) and exports one
-Kineto JSON per rank at exit. After ``duration_s`` the program's process group
-gets SIGINT (then SIGTERM, then SIGKILL); the files are converted into one
-``trace.parquet``. Programs that want step records use
-:mod:`tracekit.capture.instrument` themselves.
+The program runs with ``TRACEKIT_CAPTURE_DIR`` and ``TRACEKIT_CAPTURE_SPEC`` set
+and ``tracekit/capture/_boot`` first on ``PYTHONPATH``: each of its Python
+processes that imports torch records the capture window described by a
+:class:`~tracekit.capture.window.WindowSpec` (:mod:`tracekit.capture.program_hook`).
+Meanwhile this process samples the local GPUs' telemetry.
+
+Ending (``after``):
+
+* ``"finish"``: the program runs to its end; the capture ends inside it.
+* ``"stop"``: once every rank has written its last window (``rank{r}.done``),
+  the program's process group gets SIGINT, then SIGTERM after ``grace_s``,
+  then SIGKILL. No signal is sent before every rank's trace is on disk, so a
+  stop never cuts an export; the hook itself holds SIGINT/SIGTERM during one.
+
+Ctrl-C / SIGTERM to tracekit are passed on to the program (SIGINT, then
+SIGINT, then SIGTERM; never SIGKILL): each rank closes and exports its open
+window at exit, and every completed window is kept (``capture_interrupted``).
+Then the window files, step records and counters become one ``trace.parquet``
+(:func:`tracekit.capture.program_trace.assemble_program`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any
 
 from tracekit._errors import CaptureError, QualityLog
+from tracekit.capture.window import WindowSpec
 
-__all__ = ["run_external"]
+__all__ = ["ProgramResult", "program_env", "ranks_done", "run_external"]
 
 _BOOT = Path(__file__).with_name("_boot")
+_PKG_PARENT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class ProgramResult:
+    out: Path
+    returncode: int | None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    stopped: bool = False  # tracekit stopped the program after the capture
+    interrupted: str | None = None
+    program_s: float = 0.0  # from start to the program's exit
+    convert_s: float = 0.0
+
+
+def program_env(run_dir: Path, spec: WindowSpec, step_re: str, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The program's environment: capture dir and spec, boot dir first on PYTHONPATH, loopback for c10d."""
+    env = dict(os.environ if base is None else base)
+    env["TRACEKIT_CAPTURE_DIR"] = str(run_dir)
+    env["TRACEKIT_CAPTURE_SPEC"] = json.dumps({"spec": spec.to_json(), "step_re": step_re})
+    env["TRACEKIT_PKG_PARENT"] = str(_PKG_PARENT)
+    env["PYTHONPATH"] = os.pathsep.join([str(_BOOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    env.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    return env
+
+
+def ranks_done(run_dir: Path) -> bool:
+    """True when at least one rank started and every rank that started (or torchrun announced) is done."""
+    started: set[int] = set()
+    want: set[int] = set()
+    for p in run_dir.glob("rank*.state.json"):
+        try:
+            st = json.loads(p.read_text())
+        except (ValueError, OSError):
+            return False  # being written
+        started.add(int(st["rank"]))
+        if st.get("launched"):  # torchrun: the world size says which ranks will come
+            want |= set(range(int(st.get("world") or 1)))
+    if not started:
+        return False
+    return all((run_dir / f"rank{r}.done").exists() for r in started | want)
+
+
+def _killpg(pid: int, sig: int) -> bool:
+    try:
+        os.killpg(pid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
 
 
 def run_external(
-    cmd: Sequence[str], out: Path, *, duration_s: float, force: bool = False, keep_raw: Path | None = None
-) -> Path:
-    """Run ``cmd`` for at most ``duration_s`` under the profiler and write ``out``."""
+    cmd: Sequence[str],
+    out: Path,
+    *,
+    spec: WindowSpec,
+    after: str = "stop",
+    steps_from: str | None = None,
+    force: bool = False,
+    keep_raw: Path | None = None,
+    telemetry: bool = True,
+    grace_s: float = 30.0,
+    nvml: Any = None,
+    say: Callable[[str], None] | None = None,
+) -> ProgramResult:
+    """Run ``cmd`` under the capture hook, then write ``out`` (see the module docstring)."""
+    from tracekit.capture.program_trace import assemble_program, step_regex
+
+    say = say or (lambda m: print(f"tracekit: {m}", flush=True))
+    if after not in ("stop", "finish"):
+        raise CaptureError(f"--after {after!r}: choose stop or finish")
     out = Path(out)
     if out.exists() and not force:
         raise CaptureError(f"{out}: exists; pass --force to overwrite or -o another path")
-    run_dir = Path(tempfile.mkdtemp(prefix="tracekit-ext-"))
-    env = dict(os.environ)
-    env["TRACEKIT_CAPTURE_DIR"] = str(run_dir)
-    env["PYTHONPATH"] = os.pathsep.join([str(_BOOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    quality = QualityLog()
-    t0 = time.time_ns()
+    if not (out.parent if str(out.parent) else Path(".")).is_dir():
+        raise CaptureError(f"{out}: directory {out.parent} does not exist; create it first")
     try:
-        proc = subprocess.Popen(list(cmd), env=env, start_new_session=True)
-    except OSError as e:
-        raise CaptureError(f"{cmd[0]}: cannot start ({e}); check the command after --") from None
+        step_re = step_regex(steps_from)
+    except Exception as e:  # noqa: BLE001 - re.error
+        raise CaptureError(f"--steps-from {steps_from!r}: not a regular expression ({e})") from None
+    run_dir = Path(tempfile.mkdtemp(prefix="tracekit-ext-"))
+    env = program_env(run_dir, spec, step_re)
+    quality = QualityLog()
+    tel = None
+    tel_info: dict[str, Any] = {"available": False, "reason": "disabled (--no-telemetry)"}
+    if telemetry:
+        from tracekit.capture.telemetry import LocalTelemetry
+
+        tel = LocalTelemetry(nvml=nvml, env=env)
+        if tel.open():
+            tel.start()
+        tel_info = tel.info()
+    signals: list[int] = []
+
+    def on_signal(sig: int, _f: Any) -> None:
+        signals.append(sig)
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    res = ProgramResult(out=out, returncode=None)
+    t_start = time.monotonic()
     try:
         try:
-            rc = proc.wait(timeout=duration_s)
-        except subprocess.TimeoutExpired:
-            rc = None
-            for sig, wait_s in ((signal.SIGINT, 60), (signal.SIGTERM, 20), (signal.SIGKILL, 5)):
-                try:
-                    os.killpg(proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    proc.wait(timeout=wait_s)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-            quality.add("capture_program_stopped", f"program stopped after {duration_s:g}s", severity="info")
-        except KeyboardInterrupt:
-            os.killpg(proc.pid, signal.SIGINT)
-            proc.wait(timeout=60)
-            rc = None
-        if rc not in (0, None):
-            quality.add("capture_program_failed", f"{cmd[0]} exited with code {rc}")
-        files = sorted(run_dir.glob("rank*.win*.trace.json.gz"))
-        if not files:
-            raise CaptureError(
-                f"{' '.join(cmd)}: no profiler output; is it a Python program that imports torch? (exit code {rc})"
-            )
-        from tracekit.ingest.convert import convert
-
-        meta = {
-            "capture": {"target": "program", "command": list(cmd), "window_ns": [t0, time.time_ns()], "duration_s": duration_s},
-            "quality": [q.to_json() for q in quality],
-        }
-        convert(files, out, force=force, metadata=meta)
+            proc = subprocess.Popen(list(cmd), env=env, start_new_session=True)
+        except OSError as e:
+            raise CaptureError(f"{cmd[0]}: cannot start ({e}); check the command after --") from None
+        forwarded = 0
+        stop_at: float | None = None
+        stage = 0
+        while True:
+            try:
+                res.returncode = proc.wait(timeout=0.1)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            while forwarded < len(signals):
+                sig = signal.SIGINT if forwarded < 2 else signal.SIGTERM
+                if forwarded == 0:
+                    res.interrupted = {int(signal.SIGINT): "Ctrl-C", int(signal.SIGTERM): "SIGTERM"}.get(signals[0], str(signals[0]))
+                    say(f"{res.interrupted}: stopping the program; every completed window is kept")
+                _killpg(proc.pid, sig)
+                forwarded += 1
+            if after == "stop" and stop_at is None and ranks_done(run_dir):
+                say("capture complete; stopping the program (SIGINT)")
+                res.stopped = True
+                stop_at = time.monotonic()
+                _killpg(proc.pid, signal.SIGINT)
+                stage = 1
+            if stop_at is not None:
+                waited = time.monotonic() - stop_at
+                if stage == 1 and waited > grace_s:
+                    _killpg(proc.pid, signal.SIGTERM)
+                    stage = 2
+                elif stage == 2 and waited > grace_s + 10 and ranks_done(run_dir):
+                    _killpg(proc.pid, signal.SIGKILL)  # every trace is on disk
+                    stage = 3
+        # the launcher exited; wait (briefly) for ranks that outlive it (their files are atomic either way)
+        t_end = time.monotonic() + 10
+        while not ranks_done(run_dir) and time.monotonic() < t_end and any(run_dir.glob("rank*.state.json")):
+            time.sleep(0.1)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if tel is not None:
+            tel.stop()
+    rc = res.returncode
+    res.program_s = time.monotonic() - t_start
+    if res.interrupted:
+        quality.add("capture_interrupted", f"capture stopped early by {res.interrupted}; kept every completed window", severity="info")
+    elif res.stopped:
+        quality.add("capture_program_stopped", "program stopped after its capture was on disk (--after stop)", severity="info")
+    elif rc not in (0, None):
+        quality.add("capture_program_failed", f"{cmd[0]} exited with code {rc}")
+    opts = {**spec.to_json(), "after": after, "steps_from": steps_from, "program_s": round(res.program_s, 3)}
+    say(f"program ran {res.program_s:.1f} s; converting")
+    t_conv = time.monotonic()
+    try:
+        res.metadata = assemble_program(run_dir, out, command=cmd, options=opts,
+                                        samplers=tel.samplers if tel is not None else (), telemetry=tel_info,
+                                        quality=quality, force=force)
+        res.convert_s = time.monotonic() - t_conv
     finally:
         if keep_raw is not None:
             keep_raw.mkdir(parents=True, exist_ok=True)
             for f in run_dir.glob("rank*"):
                 shutil.copy2(f, keep_raw / f.name)
         shutil.rmtree(run_dir, ignore_errors=True)
-    return out
+    return res

@@ -255,3 +255,96 @@ class TelemetrySampler:
             "value": list(self.values),
             "src": [COUNTER_SRC] * k,
         }
+
+
+def visible_gpus(nvml: Any, env: dict[str, str] | None = None) -> list[int]:
+    """NVML indices of the GPUs a program would see: ``CUDA_VISIBLE_DEVICES`` (integers) or all of them.
+
+    CUDA numbers devices fastest-first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; NVML by PCI bus.
+    On machines of one GPU model the two orders agree. UUID entries are looked up by UUID.
+    """
+    env = dict(env if env is not None else __import__("os").environ)
+    n = int(nvml.nvmlDeviceGetCount())
+    cvd = env.get("CUDA_VISIBLE_DEVICES")
+    if cvd is None or cvd.strip() == "":
+        return list(range(n)) if cvd is None else []
+    out: list[int] = []
+    for tok in cvd.split(","):
+        tok = tok.strip()
+        if not tok:
+            continue
+        if tok.lstrip("-").isdigit():
+            i = int(tok)
+            if i < 0:
+                break  # CUDA stops at the first invalid index
+            if i < n:
+                out.append(i)
+            continue
+        for i in range(n):  # GPU-UUID / MIG-UUID
+            try:
+                if _s(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i))).startswith(tok):
+                    out.append(i)
+                    break
+            except Exception:  # noqa: BLE001
+                continue
+    return out
+
+
+@dataclass
+class LocalTelemetry:
+    """One :class:`TelemetrySampler` per local GPU a program can see, run by the capturing process.
+
+    Used for ``tracekit capture -- PROGRAM`` (also torchrun: every local rank's GPU). Samplers are
+    keyed by NVML index (``TelemetrySampler.rank`` holds the CUDA ordinal until the capture maps
+    devices to ranks). ``available`` False with ``reason`` when there is no driver, no library or no
+    visible GPU.
+    """
+
+    nvml: Any = None
+    period_s: float = 0.05
+    env: dict[str, str] | None = None
+    clock: Callable[[], int] = time.time_ns
+    samplers: list[TelemetrySampler] = field(default_factory=list)
+    available: bool = False
+    reason: str = ""
+
+    def open(self) -> bool:
+        try:
+            if self.nvml is None:
+                import pynvml  # type: ignore[import-not-found]
+
+                self.nvml = pynvml
+            self.nvml.nvmlInit()
+            gpus = visible_gpus(self.nvml, self.env)
+        except Exception as e:  # noqa: BLE001 - no driver or no library
+            self.reason = f"NVML unavailable ({type(e).__name__}: {e})"
+            return False
+        if not gpus:
+            self.reason = "no GPU visible to the program"
+            return False
+        said: list[str] = []
+        for ordinal, idx in enumerate(gpus):
+            s = TelemetrySampler(rank=ordinal, device=idx, nvml=self.nvml, clock=self.clock, period_s=self.period_s, log=said.append)
+            if s.open():
+                self.samplers.append(s)
+        self.available = bool(self.samplers)
+        if not self.available:
+            self.reason = said[0] if said else "no GPU could be opened"
+        return self.available
+
+    def start(self) -> "LocalTelemetry":
+        for s in self.samplers:
+            s.start()
+        return self
+
+    def stop(self) -> None:
+        for s in self.samplers:
+            s.stop()
+
+    def info(self) -> dict[str, Any]:
+        """Metadata: availability, reason, and per GPU its NVML index, CUDA ordinal and link/power facts."""
+        return {
+            "available": self.available,
+            "reason": self.reason or None,
+            "gpus": [{"nvml_index": s.device, "cuda_ordinal": s.rank, **s.info} for s in self.samplers],
+        }

@@ -17,11 +17,11 @@ __all__ = ["register", "parse_duration"]
 DEFAULT_SGLANG_URL = "http://127.0.0.1:30000"
 
 
-def parse_duration(text: str) -> float:
+def parse_duration(text: str, flag: str = "--duration") -> float:
     """``30s``, ``2m``, ``1.5`` (seconds), ``500ms`` -> seconds."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|min|h)?\s*", text or "")
     if not m:
-        raise UsageError(f"--duration {text!r}: use a number with s, m or ms (e.g. 30s)")
+        raise UsageError(f"{flag} {text!r}: use a number with s, m or ms (e.g. 30s)")
     v = float(m.group(1))
     scale = {"ms": 1e-3, "s": 1.0, None: 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}[m.group(2)]
     return v * scale
@@ -38,19 +38,56 @@ def _sglang_detected(url: str) -> bool:
         return False
 
 
+def _capture_program(program: List[str], output: Path, *, duration: Optional[str], delay: Optional[str],
+                     start_at: Optional[str], window: str, steps: Optional[int], after: str,
+                     steps_from: Optional[str], force: bool, keep_raw: Optional[Path], telemetry: bool) -> None:
+    from tracekit.capture.external import run_external
+    from tracekit.capture.window import WindowSpec
+
+    if steps is not None and steps < 1:
+        raise UsageError(f"--steps {steps}: must be >= 1")
+    win = parse_duration(window, "--window")
+    if win <= 0:
+        raise UsageError(f"--window {window}: must be > 0")
+    spec = WindowSpec(
+        delay_s=parse_duration(delay, "--delay") if delay else 0.0,
+        start_at=start_at or None,
+        duration_s=parse_duration(duration) if duration else None,
+        steps=steps,
+        window_s=win,
+    )
+    res = run_external(program, output, spec=spec, after=after, steps_from=steps_from, force=force,
+                       keep_raw=keep_raw, telemetry=telemetry)
+    cap = res.metadata.get("capture", {})
+    s = cap.get("summary", {})
+    w = cap.get("window_ns") or [0, 0]
+    print(
+        f"tracekit: wrote {output} (capture window {(w[1] - w[0]) / 1e9:.2f} s, "
+        f"{len(cap.get('profiler_windows', []))} profiler windows, {s.get('steps_profiled', 0)} profiled steps; "
+        f"program {res.program_s:.1f} s, conversion {res.convert_s:.1f} s)"
+    )
+    for q in res.metadata.get("quality", []):
+        print(f"tracekit: quality: {q['code']}: {q['message']}", file=sys.stderr)
+
+
 def register(app: typer.Typer) -> None:
     @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
     @handle_errors
     def capture(
         ctx: typer.Context,
-        duration: str = typer.Option("30s", "--duration", "-d", help="How long to run (30s, 2m, 500ms)."),
+        duration: Optional[str] = typer.Option(None, "--duration", "-d", help="How long to capture (30s, 2m, 500ms; default 30s; a program: until it ends)."),
+        delay: Optional[str] = typer.Option(None, "--delay", help="Program: start capturing this long after it starts (like nsys --delay)."),
+        start_at: Optional[str] = typer.Option(None, "--start-at", help="Program: start at the first step ('step') or at the first record_function range named NAME (after --delay)."),
+        window: str = typer.Option("1s", "--window", help="Program: one profiler window lasts at most this long; a longer capture is a series of windows (bounded memory)."),
+        after: str = typer.Option("stop", "--after", help="Program: once its trace is on disk, 'stop' it (SIGINT, then SIGTERM) or let it 'finish'."),
+        steps_from: Optional[str] = typer.Option(None, "--steps-from", help="Program: record_function names matching this regex also count as steps."),
         output: Path = typer.Option(Path("trace.parquet"), "-o", "--output", help="Output trace.parquet."),
         force: bool = typer.Option(False, "--force", help="Overwrite the output."),
         workload: bool = typer.Option(False, "--workload", help="Run the built-in workload even if an SGLang server answers."),
         url: str = typer.Option(DEFAULT_SGLANG_URL, "--url", help="SGLang server to look for first."),
         sglang: Optional[str] = typer.Option(None, "--sglang", help="Capture this SGLang server (http://HOST:PORT); error if it does not answer."),
         load: Optional[str] = typer.Option(None, "--load", help="SGLang: drive N concurrent requests during capture; a list (256,512,1024) captures each level."),
-        steps: Optional[int] = typer.Option(None, "--steps", help="SGLang: stop profiling after N forward steps instead of the duration."),
+        steps: Optional[int] = typer.Option(None, "--steps", help="SGLang or program: stop profiling after N steps instead of the duration."),
         with_stack: bool = typer.Option(False, "--with-stack", help="SGLang: record Python stacks (more overhead)."),
         profile_dir: Optional[Path] = typer.Option(None, "--profile-dir", help="SGLang: directory the server writes its traces to (default: a fresh temp dir)."),
         poll_timeout: float = typer.Option(300.0, "--poll-timeout", help="SGLang: seconds to wait for every rank's trace file."),
@@ -81,16 +118,15 @@ def register(app: typer.Typer) -> None:
 
         `tracekit capture -- python prog.py ...` runs a PyTorch/torchrun program under the profiler instead.
         """
-        secs = parse_duration(duration)
         program = list(ctx.args)
         if program[:1] == ["capture"]:  # typer passes the command name through when it is the only command
             program = program[1:]
         if program:
-            from tracekit.capture.external import run_external
-
-            res = run_external(program, output, duration_s=secs, force=force, keep_raw=keep_raw)
-            print(f"tracekit: wrote {res}")
+            _capture_program(program, output, duration=duration, delay=delay, start_at=start_at, window=window,
+                             steps=steps, after=after, steps_from=steps_from, force=force, keep_raw=keep_raw,
+                             telemetry=telemetry)
             return
+        secs = parse_duration(duration or "30s")
         target = sglang or (url if not workload and _sglang_detected(url) else None)
         if target:
             from tracekit.capture.sglang_client import capture_sglang

@@ -1,64 +1,90 @@
 """Loaded by ``tracekit capture -- PROGRAM`` through PYTHONPATH (nothing else imports it).
 
-When ``TRACEKIT_CAPTURE_DIR`` is set, every Python process of the program
-(each torchrun worker too, not the torchrun launcher) starts a torch profiler
-with CPU + CUDA activities and CUDA sync events, and on exit (normal, Ctrl-C
-or SIGTERM) exports ``rank{RANK}.win0.trace.json.gz`` into that directory.
-A sitecustomize already on the path is chained (imported after this one).
+When ``TRACEKIT_CAPTURE_DIR`` is set, every Python process of the program (each
+torchrun worker too, not the torchrun launcher) arms a post-import hook: once
+the program has imported torch, :func:`tracekit.capture.program_hook.install`
+runs (windows, step records, exports; see that module). Processes that never
+import torch pay nothing beyond this file. A sitecustomize already on the path
+is chained (run after this one).
 """
 
 import os
 import sys
+import time
+
+_T0_NS = time.time_ns()
+_HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _tk_boot() -> None:
-    out = os.environ.get("TRACEKIT_CAPTURE_DIR")
-    if not out:
-        return
+def _launcher() -> bool:
     argv = " ".join(getattr(sys, "orig_argv", sys.argv) or [])
-    if "torch.distributed.run" in argv or "torchrun" in argv or "torch.distributed.launch" in argv:
-        return  # the launcher itself does no GPU work
+    return any(s in argv for s in ("torch.distributed.run", "torchrun", "torch.distributed.launch"))
+
+
+def _install_hook() -> None:
     try:
-        import atexit
-        import signal
+        try:
+            import tracekit.capture.program_hook as hook
+        except ImportError:
+            extra = os.environ.get("TRACEKIT_PKG_PARENT")
+            if not extra:
+                raise
+            sys.path.append(extra)
+            import tracekit.capture.program_hook as hook
+        hook.install(_T0_NS)
+    except Exception as e:  # noqa: BLE001 - never break the program
+        print(f"tracekit: capture hook not installed: {type(e).__name__}: {e}", file=sys.stderr)
 
-        import torch
-    except ImportError:
+
+def _arm() -> None:
+    if not os.environ.get("TRACEKIT_CAPTURE_DIR") or _launcher():
         return
-    rank = int(os.environ.get("RANK", "0"))
-    acts = [torch.profiler.ProfilerActivity.CPU]
-    kw = {}
-    if torch.cuda.is_available():
-        acts.append(torch.profiler.ProfilerActivity.CUDA)
-        try:
-            kw["experimental_config"] = torch.profiler._ExperimentalConfig(enable_cuda_sync_events=True)
-        except Exception:  # noqa: BLE001
-            pass
-    prof = torch.profiler.profile(activities=acts, **kw)
-    prof.start()
-    done = []
+    if "torch" in sys.modules:
+        _install_hook()
+        return
+    import importlib.abc
 
-    def finish(*_a: object) -> None:
-        if done:
-            return
-        done.append(1)
-        try:
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
-                torch.cuda.synchronize()
-            prof.stop()
-            final = os.path.join(out, f"rank{rank}.win0.trace.json.gz")
-            part = os.path.join(out, f".rank{rank}.win0.part.json.gz")
-            prof.export_chrome_trace(part)
-            os.replace(part, final)
-        except Exception as e:  # noqa: BLE001
-            print(f"tracekit: rank {rank}: profiler export failed: {e}", file=sys.stderr)
+    class _Loader(importlib.abc.Loader):
+        def __init__(self, inner):  # type: ignore[no-untyped-def]
+            self._inner = inner
 
-    def on_term(_s: int, _f: object) -> None:
-        finish()
-        os._exit(143)
+        def create_module(self, spec):  # type: ignore[no-untyped-def]
+            return self._inner.create_module(spec)
 
-    atexit.register(finish)
-    signal.signal(signal.SIGTERM, on_term)
+        def exec_module(self, module):  # type: ignore[no-untyped-def]
+            self._inner.exec_module(module)
+            _install_hook()
+
+    class _Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname, path, target=None):  # type: ignore[no-untyped-def]
+            if fullname != "torch":
+                return None
+            sys.meta_path.remove(self)  # once
+            for f in sys.meta_path:
+                find = getattr(f, "find_spec", None)
+                spec = find(fullname, path, target) if find else None
+                if spec is not None:
+                    if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                        spec.loader = _Loader(spec.loader)
+                    return spec
+            return None
+
+    sys.meta_path.insert(0, _Finder())
 
 
-_tk_boot()
+def _chain() -> None:
+    import importlib.machinery as _m
+    import importlib.util as _u
+
+    rest = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+    spec = _m.PathFinder.find_spec("sitecustomize", rest)
+    if spec is not None and spec.loader is not None:
+        mod = _u.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+
+
+_arm()
+try:
+    _chain()
+except Exception as _e:  # noqa: BLE001
+    print(f"tracekit: chained sitecustomize failed: {type(_e).__name__}: {_e}", file=sys.stderr)

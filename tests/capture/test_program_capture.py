@@ -1,0 +1,247 @@
+"""``tracekit capture -- PROGRAM`` end to end on CPU: bounded windows, Ctrl-C, time mode, torchrun, telemetry."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import polars as pl
+import pytest
+
+from tracekit.capture.external import run_external
+from tracekit.capture.window import WindowSpec
+from tracekit.schema import read_trace
+
+pytestmark = pytest.mark.timeout(300)
+
+PROGS = Path(__file__).parent / "programs"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    pp = os.environ.get("PYTHONPATH")
+    return dict(os.environ, TMPDIR=str(tmp), PYTHONUNBUFFERED="1",
+                PYTHONPATH=os.pathsep.join([str(REPO)] + ([pp] if pp else [])))
+
+
+def _tree_rss(root: int) -> int:
+    """Resident bytes of ``root`` and all its descendants (from /proc)."""
+    kids: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    page = os.sysconf("SC_PAGE_SIZE")
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                parts = f.read().rsplit(")", 1)[1].split()
+            ppid, pages = int(parts[1]), int(parts[21])
+        except (OSError, IndexError, ValueError):
+            continue
+        kids.setdefault(ppid, []).append(int(d))
+        rss[int(d)] = pages * page
+    total, todo = 0, [root]
+    while todo:
+        p = todo.pop()
+        total += rss.get(p, 0)
+        todo.extend(kids.get(p, []))
+    return total
+
+
+class PeakRSS(threading.Thread):
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.peak, self._halt = pid, 0, threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            self.peak = max(self.peak, _tree_rss(self.pid))
+            self._halt.wait(0.05)
+
+    def stop(self) -> int:
+        self._halt.set()
+        self.join()
+        return self.peak
+
+
+def test_30s_small_op_program_10s_capture_bounded(tmp_path: Path):
+    """Acceptance: 30 s of small ops in forward#i ranges, --duration 10s: exit 0 < 90 s, tree RSS < 4 GB."""
+    out = tmp_path / "prog.parquet"
+    cmd = [sys.executable, "-m", "tracekit.cli", "capture", "--duration", "10s", "--steps-from", "forward#",
+           "-o", str(out), "--", sys.executable, str(PROGS / "small_ops.py"), "--seconds", "30"]
+    t0 = time.monotonic()
+    p = subprocess.Popen(cmd, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    mon = PeakRSS(p.pid)
+    mon.start()
+    text, _ = p.communicate(timeout=200)
+    wall = time.monotonic() - t0
+    peak = mon.stop()
+    print(f"wall {wall:.1f} s, peak tree RSS {peak / 2**30:.2f} GiB\n{text[-1500:]}")
+    assert p.returncode == 0, text[-3000:]
+    assert wall < 90, f"took {wall:.1f} s"
+    assert peak < 4 * 2**30, f"peak RSS {peak / 2**30:.2f} GiB"
+    df, meta = read_trace(out)
+    cap = meta["capture"]
+    assert cap["target"] == "program" and cap["options"]["duration_s"] == 10.0
+    wins = cap["windows"]
+    assert len(wins) >= 2 and all(w["end_ns"] - w["start_ns"] <= 1.5e9 for w in wins)  # bounded windows
+    # the capture ran ~10 s of wall time: stopped, not run to the program's end
+    assert 9e9 <= wins[-1]["end_ns"] - wins[0]["start_ns"] + 12e9 and wins[-1]["start_ns"] - wins[0]["start_ns"] < 10e9
+    steps = df.filter(pl.col("kind") == "step")
+    prof = steps.filter(pl.col("profiled"))
+    assert prof.height == cap["summary"]["steps_profiled"] == sum(w["steps"] for w in wins) > 100
+    assert prof["name"].cast(pl.String).str.starts_with("forward#").all()
+    # every profiled step lies inside a profiler window and holds the traced ops
+    lo, hi = cap["window_ns"]
+    assert prof["ts_ns"].min() >= lo and (prof["ts_ns"] + prof["dur_ns"]).max() <= hi
+    ops = df.filter(pl.col("kind") == "cpu_op")
+    assert ops.height > 20 * prof.height  # 60 ops per step
+    codes = {q["code"] for q in meta["quality"]}
+    assert "capture_program_stopped" in codes and "telemetry_unavailable" in codes
+    assert "capture complete; stopping the program" in text
+
+
+def test_ctrl_c_in_second_window_keeps_completed_windows(tmp_path: Path):
+    out = tmp_path / "int.parquet"
+    cmd = [sys.executable, "-m", "tracekit.cli", "capture", "--steps-from", "forward#", "--window", "0.5s",
+           "--after", "finish", "-o", str(out), "--", sys.executable, str(PROGS / "small_ops.py"), "--seconds", "120"]
+    p = subprocess.Popen(cmd, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    t_end = time.monotonic() + 120
+    first = None
+    while time.monotonic() < t_end and p.poll() is None:
+        first = next(iter(tmp_path.glob("tracekit-ext-*/rank0.win0.trace.json")), None)
+        if first is not None:
+            break
+        time.sleep(0.05)
+    assert first is not None, "window 0 never completed"
+    time.sleep(0.3)  # window 1 is open now (it opens at the next step)
+    p.send_signal(signal.SIGINT)
+    text, _ = p.communicate(timeout=150)
+    assert p.returncode == 0, text[-3000:]
+    df, meta = read_trace(out)
+    wins = meta["capture"]["windows"]
+    assert [w["window"] for w in wins][:2] == [0, 1]
+    assert wins[0]["cut_by"] is None and wins[0]["steps"] > 0  # the completed window is kept whole
+    assert wins[1]["cut_by"] == "exit"  # the open one was closed and exported at exit
+    codes = {q["code"] for q in meta["quality"]}
+    assert "capture_interrupted" in codes
+    steps = df.filter((pl.col("kind") == "step") & pl.col("profiled"))
+    w0 = steps.filter(pl.col("ts_ns").is_between(wins[0]["start_ns"], wins[0]["end_ns"]))
+    assert w0.height == wins[0]["steps"]
+    assert "Ctrl-C: stopping the program" in text
+
+
+class FakeNVML:
+    """Endless fake NVML for the capturing process: 2 GPUs, power ramps, GPM on."""
+
+    NVML_GPM_METRICS_GET_VERSION = 1
+
+    def __init__(self) -> None:
+        self.i = 0
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetName(self, h: int) -> bytes:
+        return b"Fake H200"
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: int) -> int:
+        return 700_000
+
+    def nvmlDeviceGetFieldValues(self, h: int, fields: list[int]) -> list[SimpleNamespace]:
+        self.i += 1
+        v = SimpleNamespace(dVal=0.0, uiVal=300_000 + h * 100_000, ulVal=0, ullVal=0, sllVal=0, siVal=0, usVal=0)
+        return [SimpleNamespace(fieldId=f, nvmlReturn=0, valueType=1, value=v, timestamp=self.i, latencyUsec=3) for f in fields]
+
+    def nvmlDeviceGetClockInfo(self, h: int, which: int) -> int:
+        return 1980
+
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> SimpleNamespace:
+        return SimpleNamespace(gpu=90, memory=20)
+
+    def nvmlGpmQueryDeviceSupport(self, h: int) -> SimpleNamespace:
+        return SimpleNamespace(isSupportedDevice=1)
+
+    def nvmlGpmSampleAlloc(self) -> object:
+        return object()
+
+    def nvmlGpmSampleGet(self, h: int, s: object) -> object:
+        return s
+
+    def c_nvmlGpmMetricsGet_t(self) -> SimpleNamespace:
+        return SimpleNamespace(version=0, numMetrics=0, sample1=None, sample2=None,
+                               metrics=[SimpleNamespace(metricId=0, nvmlReturn=0, value=0.0) for _ in range(8)])
+
+    def nvmlGpmMetricsGet(self, mg: SimpleNamespace) -> SimpleNamespace:
+        for m in mg.metrics[: mg.numMetrics]:
+            m.value = {2: 70.0, 5: 35.0, 20: 10.0, 21: 20.0}[m.metricId]
+        return mg
+
+
+def test_program_without_steps_time_windows_and_telemetry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """No step marks: windows follow time; per-window statistics; fake-NVML counters joined to rank 0."""
+    for k, v in _env(tmp_path).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # the program sees NVML GPU 1 only
+    out = tmp_path / "nosteps.parquet"
+    spec = WindowSpec(delay_s=1.0, duration_s=3.0, window_s=0.5)
+    res = run_external([sys.executable, str(PROGS / "no_steps.py"), "--seconds", "8"], out, spec=spec,
+                       after="stop", nvml=FakeNVML(), say=lambda m: None)
+    df, meta = read_trace(out)
+    cap = meta["capture"]
+    wins = cap["windows"]
+    assert res.stopped and len(wins) >= 2
+    t0 = min(w["start_ns"] for w in wins)
+    lens = [(w["end_ns"] - w["start_ns"]) / 1e9 for w in wins]
+    assert all(w["steps"] == 0 for w in wins)
+    assert all(0.45 <= x <= 0.8 for x in lens[:-1]) and lens[-1] <= 0.8, lens  # the last one ends with --duration
+    assert 2.9 <= (wins[-1]["end_ns"] - t0) / 1e9 <= 3.5
+    assert cap["summary"]["steps_seen"] == 0 and df.filter(pl.col("kind") == "step").height == 0
+    assert df.filter(pl.col("kind") == "cpu_op").height > 0
+    # counters: only GPU 1 (the visible one), as rank 0, inside the capture window
+    ctr = df.filter(pl.col("kind") == "counter")
+    names = set(ctr["name"].cast(pl.String).unique().to_list())
+    assert {"power_w", "power_limit_w", "sm_clock_mhz", "sm_active_pct", "tensor_active_pct",
+            "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s"} <= names
+    assert set(ctr["rank"].unique().to_list()) == {0} and set(ctr["device"].unique().to_list()) == {1}
+    pw = ctr.filter(pl.col("name") == "power_w")["value"]
+    assert pw.min() == pw.max() == 400.0  # GPU 1's fake power, not GPU 0's 300 W
+    lo, hi = cap["window_ns"]
+    assert ctr["ts_ns"].min() >= lo and ctr["ts_ns"].max() <= hi and lo == t0
+    per = {(t["rank"], t["window"]): t for t in cap["window_telemetry"]}
+    assert per[(0, 0)]["mean_power_w"] == 400.0 and per[(0, 0)]["mean_sm_active_pct"] == 70.0
+    assert cap["telemetry"]["available"] and cap["telemetry"]["gpus"][0]["nvml_index"] == 1
+    assert "telemetry_unavailable" not in {q["code"] for q in meta["quality"]}
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_share_window_steps(tmp_path: Path):
+    out = tmp_path / "ddp.parquet"
+    cmd = [sys.executable, "-m", "tracekit.cli", "capture", "--steps", "30", "--window", "0.2s", "--delay", "2s",
+           "--steps-from", "forward#", "--after", "finish", "-o", str(out), "--",
+           sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(PROGS / "ddp_steps.py"), "--steps", "300"]
+    r = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=280)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    df, meta = read_trace(out)
+    wins = pl.DataFrame(meta["capture"]["windows"])
+    assert sorted(wins["rank"].unique().to_list()) == [0, 1]
+    # the same windows at the same steps on both ranks
+    per = {r: [(w["window"], w["steps"]) for w in wins.filter(pl.col("rank") == r).to_dicts()] for r in (0, 1)}
+    assert per[0] == per[1] and sum(s for _k, s in per[0]) == 30
+    steps = df.filter((pl.col("kind") == "step") & pl.col("profiled"))
+    ids = {r: sorted(steps.filter(pl.col("rank") == r)["step_id"].to_list()) for r in (0, 1)}
+    assert ids[0] == ids[1] and len(ids[0]) == 30
+    assert not {q["code"] for q in meta["quality"]} & {"capture_window_late", "capture_rank_missing"}
