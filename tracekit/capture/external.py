@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -55,7 +56,7 @@ class ProgramResult:
     convert_s: float = 0.0
 
 
-def program_env(run_dir: Path, spec: WindowSpec, step_re: str, base: dict[str, str] | None = None) -> dict[str, str]:
+def program_env(run_dir: Path, spec: WindowSpec, step_re: list[str], base: dict[str, str] | None = None) -> dict[str, str]:
     """The program's environment: capture dir and spec, boot dir first on PYTHONPATH, loopback for c10d."""
     env = dict(os.environ if base is None else base)
     env["TRACEKIT_CAPTURE_DIR"] = str(run_dir)
@@ -119,7 +120,7 @@ def run_external(
         raise CaptureError(f"{out}: directory {out.parent} does not exist; create it first")
     try:
         step_re = step_regex(steps_from)
-    except Exception as e:  # noqa: BLE001 - re.error
+    except re.error as e:
         raise CaptureError(f"--steps-from {steps_from!r}: not a regular expression ({e})") from None
     run_dir = Path(tempfile.mkdtemp(prefix="tracekit-ext-"))
     env = program_env(run_dir, spec, step_re)

@@ -5,7 +5,7 @@ torch. From then on, in this process (one torchrun worker, one rank):
 
 * ``torch.autograd.profiler.record_function`` (also ``torch.profiler.record_function``)
   tells a :class:`~tracekit.capture.window.WindowController` when a step range
-  (a name matching ``step_re``, the grammar's step labels) opens and closes on
+  (a name matching one of ``step_re``: the step-label grammar's families) opens and closes on
   the main thread, and keeps one record per step ``[start_ns, end_ns, label, window]``
   for the whole capture, profiled or not (~1 us per range);
 * a ticker thread asks the main thread (``_thread.interrupt_main`` with a
@@ -160,7 +160,7 @@ def install(t0_ns: int | None = None) -> bool:
     out = Path(out_s)
     cfg = json.loads(os.environ.get(ENV_SPEC) or "{}")
     spec = WindowSpec.from_json(cfg.get("spec") or {})
-    step_rx = re.compile(cfg.get("step_re") or r"(?!x)x")
+    step_rxs = [re.compile(p) for p in (cfg.get("step_re") or [])]  # the grammar's families (one regex each)
     t0 = int(t0_ns or time.time_ns())
     if "RANK" in os.environ:
         rank, world = int(os.environ["RANK"]), int(os.environ.get("WORLD_SIZE", "1"))
@@ -218,7 +218,7 @@ def install(t0_ns: int | None = None) -> bool:
             name = self.name
             hit = cache.get(name)
             if hit is None:
-                hit = bool(step_rx.match(name))
+                hit = any(rx.search(name) for rx in step_rxs)
                 if len(cache) < 100_000:
                     cache[name] = hit
             st["busy"] = True

@@ -9,9 +9,9 @@ The trace holds the capture window only: profiler windows, the step records
 that ran inside the capture span (profiled, and unprofiled ones between two
 windows), and the counters in that span. Steps before the capture are only
 summarized (their median is the unprofiled baseline for the profiler overhead).
-Step fields (mode, batch size, tokens) come from the step-label grammar of the
-converter (:func:`tracekit.ingest.common.parse_steps`), applied to the records'
-labels; ``step_id`` is the rank's own step count, ``profiled`` whether the step
+Step fields (mode, batch size, tokens) come from the step-label grammar
+(:mod:`tracekit.steplabels`, through :func:`tracekit.ingest.common.parse_steps`) applied to the
+records' labels; ``step_id`` is the rank's own step count, ``profiled`` whether the step
 ran inside a window.
 
 :func:`step_rows`, :func:`window_table` and :func:`summarize` are pure.
@@ -37,16 +37,17 @@ __all__ = ["assemble_program", "counters_frame", "load_program_run", "step_regex
 _WIN = re.compile(r"^rank(\d+)\.win(\d+)\.trace\.json$")
 
 
-def step_regex(extra: str | None = None) -> str:
-    """One regex for the program hook: the grammar's step labels (owned by the converter), plus ``extra``."""
-    from tracekit.ingest.common import STEP_PATTERNS
+def step_regex(steps_from: str | None = None) -> list[str]:
+    """The regexes the program hook tests record_function names against (a name is a step if one matches).
 
-    # named groups would clash in the union; the hook only needs to know whether a name is a step
-    parts = [f"(?:{re.sub(r'[(][?]P<[A-Za-z_][A-Za-z0-9_]*>', '(?:', p)})" for p in STEP_PATTERNS.values()]
-    if extra:
-        re.compile(extra)
-        parts.append(f"(?:{extra})")
-    return "|".join(parts)
+    The step-label grammar's families (:mod:`tracekit.steplabels`, the owner), or ``steps_from`` alone:
+    as in ``convert --steps-from``, a user regex replaces the families.
+    """
+    from tracekit.steplabels import FAMILIES, compile_steps_from
+
+    if steps_from is not None:
+        return [str(compile_steps_from(steps_from))]
+    return list(FAMILIES.values())
 
 
 def load_program_run(run_dir: Path) -> tuple[list[Path], dict[int, dict[str, Any]]]:
@@ -70,7 +71,7 @@ def _span(ex: dict[str, Any]) -> tuple[int, int] | None:
     return min(int(x["start_ns"]) for x in w), max(int(x["end_ns"]) for x in w)
 
 
-def step_rows(extras: dict[int, dict[str, Any]]) -> pl.DataFrame:
+def step_rows(extras: dict[int, dict[str, Any]], steps_from: str | None = None) -> pl.DataFrame:
     """Step rows (``src = tracekit.step``) of the records inside each rank's capture span."""
     rows: list[dict[str, Any]] = []
     for r, ex in sorted(extras.items()):
@@ -87,7 +88,7 @@ def step_rows(extras: dict[int, dict[str, Any]]) -> pl.DataFrame:
 
     raw = frame_from_rows(rows)
     keep = raw.select("step_id", "profiled")
-    parsed = parse_steps(raw)  # the converter's grammar gives mode / batch size / tokens; row order is kept
+    parsed = parse_steps(raw, steps_from)  # the grammar gives mode / batch size / tokens; row order is kept
     return conform(parsed.with_columns(
         pl.lit("step").cast(parsed.schema["kind"]).alias("kind"),
         keep["step_id"].alias("step_id"),
@@ -218,7 +219,8 @@ def assemble_program(
     spans = [sp for ex in extras.values() if (sp := _span(ex)) is not None]
     lo, hi = (min(s for s, _ in spans), max(e for _, e in spans)) if spans else (None, None)
     wins = window_table(extras)
-    steps = step_rows(extras)
+    steps_from = options.get("steps_from")
+    steps = step_rows(extras, steps_from)
     counters, owner = counters_frame(samplers, extras, lo, hi)
     tel = dict(telemetry or {})
     if not tel.get("available"):
@@ -248,7 +250,7 @@ def assemble_program(
     if files:
         from tracekit.ingest.convert import convert
 
-        convert(files, out, force=force, extra_frames=frames, metadata=meta)
+        convert(files, out, force=force, extra_frames=frames, metadata=meta, steps_from=steps_from)
     else:
         write_trace(pl.concat(frames, how="vertical_relaxed") if frames else empty_frame(), out,
                     {"world_size": len(extras), **meta}, force=force)
