@@ -37,11 +37,10 @@ def idle_by_phase(df: pl.DataFrame, truth: dict) -> dict[str, dict[str, int]]:
         pl.col("name").cast(pl.String).str.strip_prefix("known_phase.").alias("phase"), pl.col("ts_ns").alias("lo"),
         (pl.col("ts_ns") + pl.col("dur_ns")).alias("hi"))
     assert ph.height == len(truth["phases"])
-    # each split gap row carries its cause's share (dur_ns); clip in proportion to the overlap
-    g = ic.gaps.filter(pl.col("cause") != "waiting_on_peer").with_columns(
-        (pl.col("dur_ns") / (pl.col("end_ns") - pl.col("start_ns"))).alias("share")).join(ph, how="cross")
-    g = iv.clip(g, pl.col("lo"), pl.col("hi"), start="start_ns", end="end_ns")
-    t = g.group_by("phase", "cause").agg(((pl.col("end_ns") - pl.col("start_ns")) * pl.col("share")).sum().alias("ns"))
+    g = ic.gaps.filter(pl.col("cause") != "waiting_on_peer")
+    assert (g["end_ns"] - g["start_ns"] == g["dur_ns"]).all()  # split gaps are disjoint pieces
+    g = iv.clip(g.join(ph, how="cross"), pl.col("lo"), pl.col("hi"), start="start_ns", end="end_ns")
+    t = g.group_by("phase", "cause").agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("ns"))
     out: dict[str, dict[str, int]] = {p: {} for p in ph["phase"].to_list()}
     for p, c, ns in t.iter_rows():
         out[p][c] = out[p].get(c, 0) + int(ns)

@@ -24,8 +24,8 @@ from tracekit._errors import QualityLog
 from tracekit.analysis.align import AlignResult, apply_offsets, solve_clock_offsets
 from tracekit.analysis.collectives import (collective_ops, collective_quality, collective_summary, match_collectives,
                                            split_communication)
-from tracekit.analysis.efficiency import efficiency_finish, kernel_efficiency
-from tracekit.analysis.findings import cross_rank_candidates, rank_findings
+from tracekit.analysis.efficiency import efficiency_finish, kernel_efficiency, moe_gemm_finish, moe_gemm_findings, moe_gemm_part
+from tracekit.analysis.findings import Finding, cross_rank_candidates, rank_findings
 from tracekit.analysis.gaps import IdleCauses, idle_causes, restrict_to_spans
 from tracekit.analysis.pcie import PciePart, pcie_finish, pcie_part
 from tracekit.analysis.power import PowerResult, power_finish, power_part
@@ -38,7 +38,8 @@ from tracekit.analysis.window import cpu_mode_ranks, device_op_expr
 __all__ = ["cross_rank_sections", "cross_rank_plan", "cross_rank_part", "cross_rank_finish", "CrossRankPlan", "CrossRankPart",
            "SECTION_KEYS"]
 
-SECTION_KEYS = ("stalls", "collectives", "idle_causes_ns", "idle_gaps", "pcie_phases", "power", "steps", "kernel_efficiency", "findings")
+SECTION_KEYS = ("stalls", "collectives", "idle_causes_ns", "idle_gaps", "pcie_phases", "power", "steps", "kernel_efficiency", "moe_gemm",
+                "findings")
 
 
 
@@ -120,6 +121,7 @@ class CrossRankPart:
     power: PowerResult
     steps: StepPart | None
     efficiency: pl.DataFrame
+    moe: pl.DataFrame  # per (rank, step): MoE GEMM time, launches, tokens (efficiency.moe_gemm_part)
     extents: pl.DataFrame  # rank, w: device-op extent per rank in the window (findings)
     rows: int  # rows in the window
     gpu_rows: int  # GPU-op rows in the window (0 and rows > 0: CPU mode)
@@ -230,7 +232,8 @@ def cross_rank_part(df: pl.DataFrame, plan: CrossRankPlan, *, ranks: list[int] |
     ext = wdf.lazy().filter(device_op_expr(cpu_mode_ranks(wdf))).group_by("rank").agg(
         ((pl.col("ts_ns") + pl.col("dur_ns")).max() - pl.col("ts_ns").min()).alias("w")).collect()
     gpu_rows = int(wdf.select(pl.col("kind").is_in(["kernel", "memcpy", "memset"]).sum()).item())
-    return CrossRankPart(stalls, idle.totals, idle.largest, pcie, pw, st, eff, ext, wdf.height, gpu_rows, observed)
+    moe = moe_gemm_part(wdf, meta)
+    return CrossRankPart(stalls, idle.totals, idle.largest, pcie, pw, st, eff, moe, ext, wdf.height, gpu_rows, observed)
 
 
 def cross_rank_finish(plan: CrossRankPlan, parts: list[CrossRankPart], tables: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -277,11 +280,13 @@ def cross_rank_finish(plan: CrossRankPlan, parts: list[CrossRankPart], tables: d
         "power": pw.to_json(),
         "steps": st.to_json(max_steps=max_items),
         "kernel_efficiency": _records(eff, 50),
+        "moe_gemm": moe_gemm_finish([p.moe for p in parts], plan.meta),
     }
     extents = _concat([p.extents for p in parts], {"rank": pl.Int64, "w": pl.Int64})
     wmap = {int(r): int(w) for r, w in zip(extents["rank"].to_list(), extents["w"].to_list())} if extents.height else {}
     cpu = sum(p.rows for p in parts) > 0 and sum(p.gpu_rows for p in parts) == 0
-    cands = cross_rank_candidates(out, al.residual_ns, idle, pcie, pw, st, eff, wmap, cpu, observed)
+    extra = [Finding("moe_gemm", t, w) for w, t in moe_gemm_findings(out["moe_gemm"])]
+    cands = cross_rank_candidates(out, al.residual_ns, idle, pcie, pw, st, eff, wmap, cpu, observed, extra=extra)
     out["findings"] = rank_findings(cands, residual_ns=al.residual_ns)
     out["_candidates"] = cands  # for the one ranker in :mod:`tracekit.analysis.pipeline` (not JSON)
     return out

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any, Mapping
 
 import polars as pl
@@ -29,7 +30,8 @@ from tracekit.analysis._num import fdiv, seq_sum
 from tracekit.analysis.window import cpu_device_expr, cpu_mode_ranks
 from tracekit.analysis.gpus import GpuPeaks, gpu_peaks, peak_flops_per_s, rank_gpu_info
 
-__all__ = ["kernel_efficiency", "efficiency_finish", "gemm_flops_bytes", "GEMM_OPS"]
+__all__ = ["kernel_efficiency", "efficiency_finish", "gemm_flops_bytes", "GEMM_OPS", "moe_gemm_part", "moe_gemm_finish",
+           "moe_gemm_findings", "workload_moe_shape"]
 
 GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "aten::matmul",
             "aten::_scaled_mm", "aten::_grouped_mm", "aten::grouped_mm", "aten::_scaled_grouped_mm")
@@ -77,7 +79,9 @@ def gemm_flops_bytes(op: str, dims_json: str | None, types_json: str | None) -> 
             t, k = x[-2], x[-1]
             e = w[0] if len(w) == 3 else 1
             n = w[-1] if w[-2] == k else w[-2]
-            flops, elems = 2.0 * t * k * n, t * k + e * k * n + t * n
+            # only experts that received tokens are read: at most one per token row (offsets are not recorded,
+            # so this is a bound; kernel_efficiency never shows the traffic above the device's HBM bandwidth)
+            flops, elems = 2.0 * t * k * n, t * k + min(e, t) * k * n + t * n
         else:
             return None
     except (IndexError, TypeError, ValueError):
@@ -168,6 +172,15 @@ def kernel_efficiency(
         pl.min_horizontal(pl.col("peak_flops_per_s"), ai * pl.col("peak_bytes_per_s")).alias("ceiling_flops_per_s"),
         ai.alias("flops_per_byte"),
     ).with_columns(fdiv(pl.col("flops_per_s"), pl.col("ceiling_flops_per_s")).alias("efficiency"))
+    # physically possible figures only: bytes of grouped GEMMs are a bound (which experts got tokens is unknown);
+    # a figure above the device's HBM bandwidth or the ceiling means the bound was loose: shown capped, marked ``bound``
+    grouped = pl.col("op").str.contains("grouped_mm")
+    over = (pl.col("bytes_per_s") > pl.col("peak_bytes_per_s")) | (pl.col("efficiency") > 1.0) | (
+        pl.col("flops_per_s") > pl.col("peak_flops_per_s"))
+    out = out.with_columns((grouped | over.fill_null(False)).alias("bound"),
+                           pl.min_horizontal(pl.col("flops_per_s"), pl.col("peak_flops_per_s")).alias("flops_per_s"),
+                           pl.min_horizontal(pl.col("bytes_per_s"), pl.col("peak_bytes_per_s")).alias("bytes_per_s"),
+                           pl.min_horizontal(pl.col("efficiency"), pl.lit(1.0)).alias("efficiency"))
     is_moe = (pl.col("category") == "moe_gemm") | pl.col("op").str.contains("grouped_mm")
     flag = (
         pl.when(pl.col("efficiency").is_null()).then(None)
@@ -178,7 +191,7 @@ def kernel_efficiency(
     return _sorted(out.with_columns(flag.alias("flag"), (pl.col("flops_per_s") / 1e12).alias("tflops_per_s"),
                                     (pl.col("bytes_per_s") / 1e9).alias("gb_per_s")).select(
         "rank", "op", "input_dims", "dtype", "kernel", "category", "count", "gpu_ns", "tflops_per_s", "gb_per_s",
-        "flops_per_byte", "peak_flops_per_s", "ceiling_flops_per_s", "efficiency", "flag",
+        "flops_per_byte", "peak_flops_per_s", "ceiling_flops_per_s", "efficiency", "flag", "bound",
     ))
 
 
@@ -194,3 +207,126 @@ def efficiency_finish(parts: list[pl.DataFrame]) -> pl.DataFrame:
     """Concatenate per-rank :func:`kernel_efficiency` tables (each keyed by rank) in the order one whole-frame call gives."""
     have = [p for p in parts if p.height]
     return _sorted(pl.concat(have, how="vertical_relaxed")) if have else pl.DataFrame()
+
+
+# --- the MoE GEMM verdict without recorded shapes --------------------------------------------------------------------
+
+#: launches per MoE layer and step above which the MoE GEMMs are a per-expert loop
+LOOP_LAUNCHES_PER_LAYER = 16
+_TILE_RE = r"_(\d+x\d+)_"
+
+
+def workload_moe_shape(meta: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The routed-expert GEMM shape the workload declared (capture metadata ``capture.workload.model``):
+    ``hidden, inter`` (per rank: the intermediate is split over the tensor-parallel ranks), ``experts, top_k,
+    layers, dtype``. None when the capture does not say (then recorded shapes are needed)."""
+    cap = (meta or {}).get("capture")
+    model = ((cap or {}).get("workload") or {}).get("model") if isinstance(cap, Mapping) else None
+    if not isinstance(model, Mapping):
+        return None
+    try:
+        world = int((meta or {}).get("world_size") or 1)
+        h, inter = int(model["hidden"]), int(model["moe_intermediate"])
+        e, k, L = int(model["n_experts"]), int(model["top_k"]), int(model["n_layers"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if min(h, inter, e, k, L) <= 0:
+        return None
+    return {"hidden": h, "inter": max(inter // max(world, 1), 1), "experts": e, "top_k": k, "layers": L,
+            "dtype": str(model.get("dtype") or "bfloat16"), "impl": model.get("moe_impl")}
+
+
+def moe_gemm_part(df: pl.DataFrame, meta: Mapping[str, Any] | None) -> pl.DataFrame:
+    """Per (rank, step): MoE GEMM kernel time and launches, the step's tokens, and the kernel with most time.
+    Only steps with a token count; empty without MoE GEMM kernels."""
+    kind = pl.col("kind").cast(pl.String)
+    k = df.filter((kind == "kernel") & (pl.col("category").cast(pl.String) == "moe_gemm") & pl.col("step_id").is_not_null())
+    if k.height == 0:
+        return pl.DataFrame()
+    per = k.group_by(pl.col("rank").cast(pl.Int64), "step_id").agg(
+        pl.col("dur_ns").sum().alias("gpu_ns"), pl.len().alias("launches"))
+    st = df.filter((kind == "step") & pl.col("tokens").is_not_null()).group_by(pl.col("rank").cast(pl.Int64), "step_id").agg(
+        pl.col("tokens").max())
+    # the rank's kernel with most MoE GEMM time (its tile names the verdict)
+    top = k.group_by(pl.col("rank").cast(pl.Int64), pl.col("name").cast(pl.String)).agg(pl.col("dur_ns").sum()).sort(
+        ["dur_ns", "name"], descending=[True, False]).group_by("rank", maintain_order=True).first().select(
+        "rank", pl.col("name").alias("rank_top_kernel"))
+    return per.join(st, on=["rank", "step_id"], how="inner").join(top, on="rank", how="left")
+
+
+def moe_gemm_finish(parts: list[pl.DataFrame], meta: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The MoE GEMM verdict (docs/metrics.md §8b): per rank, achieved TFLOP/s from the workload's GEMM shape and
+    the steps' tokens, % of the device's dense peak, weight traffic (a bound: which experts received tokens is
+    not recorded, so at most min(experts, tokens × top_k) experts' weights were read — never shown above the
+    device's HBM bandwidth) and the roofline fraction (≤ 100 %). ``status``: ``ok``, or why there is no figure."""
+    have = [p for p in parts if p.height]
+    if not have:
+        return {"status": "no_moe_gemm_kernels"}
+    shape = workload_moe_shape(meta)
+    if shape is None:
+        return {"status": "shape_unknown", "needs": "record shapes in one short window (--record-shapes) or a capture "
+                                                     "whose metadata declares the model (capture.workload.model)"}
+    t = pl.concat(have, how="vertical_relaxed").sort(["rank", "step_id"])
+    h, inter, e, k, L = shape["hidden"], shape["inter"], shape["experts"], shape["top_k"], shape["layers"]
+    es = _ES.get(shape["dtype"].lower(), 2)
+    # per step: routed FLOPs (gate + up + down = 3 GEMMs of H x I per token-expert pair), weight bytes bound
+    t = t.with_columns(
+        (pl.col("tokens").cast(pl.Float64) * k * L * 6.0 * h * inter).alias("flops"),
+        (pl.min_horizontal(pl.col("tokens") * k, pl.lit(e)).cast(pl.Float64) * L * 3.0 * h * inter * es
+         + pl.col("tokens").cast(pl.Float64) * k * L * (2 * h + 3 * inter) * es).alias("bytes_bound"),
+    )
+    rows = []
+    for (r,), g in t.group_by("rank", maintain_order=True):
+        p = _peaks_for(meta, int(r), None)
+        gpu_ns = int(g["gpu_ns"].sum())
+        if gpu_ns <= 0:
+            continue
+        sec = gpu_ns * 1e-9
+        flops, bbound = float(g["flops"].sum()), float(g["bytes_bound"].sum())
+        steps = g.height
+        launches = int(g["launches"].sum())
+        top = g["rank_top_kernel"][0]
+        tile = re.search(_TILE_RE, top or "")
+        row: dict[str, Any] = {
+            "rank": int(r), "steps": steps, "tokens": int(g["tokens"].sum()), "gpu_ns": gpu_ns, "launches": launches,
+            "launches_per_layer_step": launches / (steps * L), "top_kernel": top, "tile": tile.group(1) if tile else None,
+            "tflops_per_s": flops / sec / 1e12, "flops": flops, "bytes_bound": bbound,
+        }
+        if p is not None:
+            peak = peak_flops_per_s(p, shape["dtype"])
+            hbm = p.hbm_bytes_per_s
+            bw = min(bbound / sec, hbm)  # a bound; traffic above HBM cannot happen: fewer experts were read
+            ceiling = min(peak, flops / bbound * hbm) if bbound > 0 else peak
+            row["tflops_per_s"] = min(flops / sec, peak) / 1e12  # above peak only if the token count overstates the work
+            row.update({"device": p.name, "peak_flops_per_s": peak, "pct_of_peak": min(100.0, 100 * flops / sec / peak),
+                        "weight_gb_per_s_max": bw / 1e9, "hbm_gb_per_s": hbm / 1e9,
+                        "at_memory_limit": bbound / sec >= 0.7 * hbm,
+                        "roofline_pct_max": min(100.0, 100 * (flops / sec) / ceiling) if ceiling else None})
+        rows.append(row)
+    if not rows:
+        return {"status": "no_moe_gemm_kernels"}
+    return {"status": "ok", "shape": shape, "ranks": rows, "bytes_are_bound": True}
+
+
+def moe_gemm_findings(v: Mapping[str, Any]) -> list[tuple[float, str]]:
+    """(weight ns, sentence) of the MoE GEMM verdict: one sentence, from the rank with the most MoE GEMM time."""
+    if v.get("status") != "ok":
+        return []
+    r = max(v["ranks"], key=lambda x: x["gpu_ns"])
+    if "pct_of_peak" not in r:
+        return []
+    tf, pct = r["tflops_per_s"], r["pct_of_peak"]
+    head = f"MoE GEMM runs at {tf:.1f} TFLOP/s ({pct:.1f}% of {r['peak_flops_per_s'] / 1e12:.0f} peak) on rank {r['rank']}"
+    if r["launches_per_layer_step"] >= LOOP_LAUNCHES_PER_LAYER:
+        tile = f" of {r['tile']} tiles" if r.get("tile") else ""
+        s = (f"{head} in {r['launches']:,} launches{tile} ({r['launches_per_layer_step']:.0f} per layer and step): "
+             "per-expert loop; a grouped GEMM or tuned kernel is the next step.")
+    elif r["at_memory_limit"]:
+        s = (f"{head} in {r['launches']:,} grouped launches: consistent with a memory-bound kernel near its HBM roofline "
+             f"(weights of every expert that could have received tokens, read at {r['hbm_gb_per_s']:,.0f} GB/s, take "
+             f"{min(r['bytes_bound'] / (r['hbm_gb_per_s'] * 1e9) / (r['gpu_ns'] * 1e-9), 9.99):.0%} of the measured time; "
+             "which experts did is not recorded) — few tokens per expert, not an untuned kernel: larger batches raise TFLOP/s.")
+    else:
+        s = (f"{head} in {r['launches']:,} launches, at most {r['roofline_pct_max']:.0f}% of its roofline ceiling "
+             "(weight bytes are a bound): likely untuned kernel configs.")
+    return [(float(r["gpu_ns"]), s)]

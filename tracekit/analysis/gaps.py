@@ -269,7 +269,7 @@ def idle_causes(
 
 def _carve_host_idle(gaps: pl.DataFrame, host: pl.DataFrame) -> pl.DataFrame:
     """Split ``between_steps``/``host_sync``/``launch_bound`` gaps: the part not covered by the launching thread's
-    activity becomes a ``host_idle`` row (same start/end, its own ``dur_ns``); the rest keeps the cause.
+    activity becomes a ``host_idle`` row (the gap's last ``dur_ns``); the rest (its first part) keeps the cause.
     Threads (or ranks) without any host row keep the whole gap (no evidence either way)."""
     cols = [c for c in gaps.columns if c != "tid"]
     if host.height == 0 or gaps.height == 0:
@@ -280,8 +280,11 @@ def _carve_host_idle(gaps: pl.DataFrame, host: pl.DataFrame) -> pl.DataFrame:
     split = pl.col("cause").is_in(["between_steps", "host_sync", "launch_bound"]) & pl.col("_known")
     idle = (pl.col("dur_ns") - pl.col("host_cov")).clip(lower_bound=0)
     g = g.with_columns(pl.when(split).then(idle).otherwise(0).alias("_idle"))
-    kept = g.with_columns((pl.col("dur_ns") - pl.col("_idle")).alias("dur_ns")).filter(pl.col("dur_ns") > 0)
+    # disjoint pieces, so clipping to profiler windows keeps the split: the inactive stretch is placed at the gap's end
+    kept = g.with_columns((pl.col("dur_ns") - pl.col("_idle")).alias("dur_ns")).with_columns(
+        (pl.col("start_ns") + pl.col("dur_ns")).alias("end_ns")).filter(pl.col("dur_ns") > 0)
     carved = g.filter(pl.col("_idle") > 0).with_columns(
+        (pl.col("end_ns") - pl.col("_idle")).alias("start_ns"),
         pl.col("_idle").alias("dur_ns"), pl.lit("host_idle").alias("cause"),
         (pl.lit("no host call on the launching thread for ") + (pl.col("_idle") // 1000).cast(pl.String) + pl.lit(" µs")).alias("detail"))
     return pl.concat([kept.select(cols), carved.select(cols)], how="vertical_relaxed").sort(["rank", "start_ns"], maintain_order=True)
