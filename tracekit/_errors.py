@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["TracekitError", "InputError", "OutputError", "CaptureError", "UsageError", "Quality", "QualityLog"]
+__all__ = ["TracekitError", "InputError", "OutputError", "CaptureError", "UsageError", "Quality", "QualityLog", "os_reason"]
 
 
 class TracekitError(Exception):
@@ -42,6 +42,28 @@ class UsageError(TracekitError):
     """Options that contradict each other or name things that do not exist."""
 
     exit_code = 64
+
+
+def os_reason(e: OSError, *, writing: bool) -> str:
+    """``(<strerror>); <remedy>`` for an OS error on a path: the remedy fits the errno.
+
+    Disk full asks for space, a permission error for permissions, a directory
+    for a file name; anything else for another path.
+    """
+    import errno
+
+    why = e.strerror or type(e).__name__
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = "free disk space or choose another -o"
+    elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        fix = "check the permissions or choose another -o" if writing else "check the file's permissions"
+    elif e.errno == errno.EISDIR:
+        fix = "name a file, not a directory" + (" for -o" if writing else "")
+    elif e.errno == errno.ELOOP:
+        fix = "a symbolic link loops; fix or remove it"
+    else:
+        fix = "choose another -o" if writing else "check the path"
+    return f"({why}); {fix}"
 
 
 @dataclass(frozen=True)

@@ -50,13 +50,18 @@ def main() -> None:
     """Console entry point."""
     try:
         prev = signal.signal(signal.SIGTERM, _on_sigterm)
-    except ValueError:  # not the main thread (embedded use): keep the default
-        prev = None
+        # Ctrl-C always stops a command (exit 130, outputs cleaned up), also when the shell started it with
+        # SIGINT ignored (a background job of a script): the first Ctrl-C raises KeyboardInterrupt
+        prev_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    except ValueError:  # not the main thread (embedded use): keep the defaults
+        prev = prev_int = None
     try:
         _run()
     finally:
         if prev is not None:
             signal.signal(signal.SIGTERM, prev)
+        if prev_int is not None:
+            signal.signal(signal.SIGINT, prev_int)
 
 
 def _run() -> None:

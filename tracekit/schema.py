@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -23,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracekit import __version__
-from tracekit._errors import InputError, OutputError
+from tracekit._errors import InputError, OutputError, os_reason
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -43,6 +44,9 @@ __all__ = [
     "scan_trace",
     "read_metadata",
     "atomic_path",
+    "guard_inputs",
+    "note_input",
+    "check_output_path",
 ]
 
 SCHEMA_VERSION = 1
@@ -218,6 +222,85 @@ def _base_metadata() -> dict[str, Any]:
     return {"schema_version": SCHEMA_VERSION, "tool_version": __version__}
 
 
+#: inputs read inside :func:`guard_inputs` scopes, as (st_dev, st_ino): never the target of an output
+_INPUTS: list[set[tuple[int, int]]] = []
+
+
+class guard_inputs:
+    """Scope (one CLI command) in which every file read is protected from being written.
+
+    Readers call :func:`note_input`; :func:`check_output_path` (and so every
+    atomic write) refuses a target that is the same file (same device and
+    inode: also through a symlink or a hard link). Outside a scope nothing
+    is recorded, so library callers may rewrite files they read earlier.
+    """
+
+    def __enter__(self) -> "guard_inputs":
+        _INPUTS.append(set())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _INPUTS.pop()
+
+
+def note_input(path: str | os.PathLike[str]) -> None:
+    """Record ``path`` (a file or directory being read) as an input of the running command."""
+    if not _INPUTS:
+        return
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return
+    _INPUTS[-1].add((st.st_dev, st.st_ino))
+    if stat.S_ISDIR(st.st_mode):  # an input directory: its files are inputs too (nsys parquetdir, trace dirs)
+        try:
+            with os.scandir(path) as it:
+                for ent in it:
+                    try:
+                        est = ent.stat()
+                    except OSError:
+                        continue
+                    _INPUTS[-1].add((est.st_dev, est.st_ino))
+        except OSError:
+            pass
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def check_output_path(final: str | os.PathLike[str], *, force: bool) -> None:
+    """Refuse an output target that is an input, not a regular file, or exists without ``force``.
+
+    Raises :class:`InputError` (the output is an input of this command) or :class:`OutputError`.
+    """
+    final = Path(final)
+    try:
+        st = os.stat(final)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:  # a symlink loop, a path through a file, a permission error on the directory
+        raise OutputError(f"{final}: cannot use as output {os_reason(e, writing=True)}") from None
+    if st is not None:
+        if any((st.st_dev, st.st_ino) in s for s in _INPUTS):
+            raise InputError(f"{final}: the output would overwrite an input; choose another -o")
+        if not stat.S_ISREG(st.st_mode):
+            kind = _file_kind(st.st_mode)
+            hint = f"; name a file inside it, e.g. {final / 'trace.parquet'}" if kind == "a directory" else "; -o must name a regular file"
+            raise OutputError(f"{final}: is {kind}, not a file; refusing to replace it{hint}")
+        if not force:
+            raise OutputError(f"{final}: exists; pass --force to overwrite")
+    parent = final.parent if str(final.parent) else Path(".")
+    if not parent.exists():
+        raise OutputError(f"{final}: directory {parent} does not exist; create it first")
+    if not parent.is_dir():
+        raise OutputError(f"{final}: {parent} is not a directory; choose another -o")
+
+
 class atomic_path:
     """Context manager: yields a temp path next to ``final``; renames on success.
 
@@ -232,12 +315,12 @@ class atomic_path:
         self.tmp: Path | None = None
 
     def __enter__(self) -> Path:
-        if self.final.exists() and not self.force:
-            raise OutputError(f"{self.final}: exists; pass --force to overwrite")
+        check_output_path(self.final, force=self.force)
         parent = self.final.parent if str(self.final.parent) else Path(".")
-        if not parent.exists():
-            raise OutputError(f"{self.final}: directory {parent} does not exist; create it first")
-        fd, name = tempfile.mkstemp(prefix=f".{self.final.name}.", suffix=self.suffix + ".tmp", dir=parent)
+        try:
+            fd, name = tempfile.mkstemp(prefix=f".{self.final.name}.", suffix=self.suffix + ".tmp", dir=parent)
+        except OSError as e:
+            raise OutputError(f"{self.final}: cannot create a file in {parent} {os_reason(e, writing=True)}") from None
         os.close(fd)
         self.tmp = Path(name)
         return self.tmp
@@ -245,15 +328,29 @@ class atomic_path:
     def __exit__(self, exc_type, exc, tb) -> None:
         assert self.tmp is not None
         if exc_type is None:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(self.tmp, 0o666 & ~umask)  # mkstemp creates 0600; outputs get the usual mode
-            os.replace(self.tmp, self.final)
-        else:
             try:
-                self.tmp.unlink()
-            except FileNotFoundError:
-                pass
+                check_output_path(self.final, force=self.force)  # it may have changed while the output was made
+                umask = os.umask(0)
+                os.umask(umask)
+                os.chmod(self.tmp, 0o666 & ~umask)  # mkstemp creates 0600; outputs get the usual mode
+                os.replace(self.tmp, self.final)
+            except BaseException as e:
+                self._drop()
+                if isinstance(e, OSError):
+                    raise OutputError(f"{self.final}: cannot write {os_reason(e, writing=True)}") from None
+                raise
+        else:
+            self._drop()
+            if exc_type is not None and issubclass(exc_type, OSError) and isinstance(exc, OSError) and exc.errno is not None:
+                # disk full / permission / I/O error while the caller wrote the temp file: one line, no traceback
+                raise OutputError(f"{self.final}: cannot write {os_reason(exc, writing=True)}") from None
+
+    def _drop(self) -> None:
+        assert self.tmp is not None
+        try:
+            self.tmp.unlink()
+        except FileNotFoundError:
+            pass
 
 
 #: Parquet dictionary encoding: the string columns only (trying it on every integer column cost ~25% of write time)
@@ -299,8 +396,7 @@ class TraceWriter:
     def _io_failed(self, e: OSError) -> None:
         """Disk full, quota, I/O error: drop the temp file, keep any old output, one-line OutputError."""
         self.abort()
-        why = e.strerror or str(e)
-        raise OutputError(f"{self._label}: cannot write ({why}); free disk space or choose another -o") from None
+        raise OutputError(f"{self._label}: cannot write {os_reason(e, writing=True)}") from None
 
     def close(self, metadata: Mapping[str, Any] | None = None) -> None:
         meta = _base_metadata()
@@ -350,11 +446,27 @@ def write_trace(
         raise
 
 
+def check_input_file(p: Path) -> None:
+    """Refuse an input that is not a readable regular file (a FIFO or device would block or never end)."""
+    try:
+        st = os.stat(p)
+    except OSError as e:
+        raise InputError(f"{p}: cannot read {os_reason(e, writing=False)}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(f"{p}: is a directory; pass a trace.parquet file")
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(f"{p}: is {_file_kind(st.st_mode)}, not a file; pass the trace file itself")
+    if not os.access(p, os.R_OK):
+        raise InputError(f"{p}: cannot read (Permission denied); check the file's permissions")
+
+
 def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Run metadata from the footer; raises InputError for non-trace files or newer versions."""
     p = Path(path)
     if not p.exists():
         raise InputError(f"{p}: no such file; check the path")
+    check_input_file(p)
+    note_input(p)
     try:
         md = pq.read_metadata(p).metadata or {}
     except Exception as e:  # noqa: BLE001

@@ -34,7 +34,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import polars as pl
 
-from tracekit._errors import InputError, QualityLog
+from tracekit._errors import InputError, QualityLog, UsageError
 from tracekit.analysis.breakdown import (breakdown_finish, compute_breakdown, kernel_totals, merge_kernel_totals, top_kernels,
                                          uncategorized_top)
 from tracekit.analysis.findings import basic_candidates, basic_findings, rank_findings
@@ -157,6 +157,30 @@ def _collect(lf: pl.LazyFrame, path: Any, rank: int | None = None) -> pl.DataFra
         raise InputError(f"{where}: unreadable trace data ({type(e).__name__}: {e}); re-convert the source") from None
 
 
+def _window_inside(tr: tuple[int, int], spec: str, origin: int, meta: Mapping[str, Any], ov: Any, quality: QualityLog) -> tuple[int, int]:
+    """An explicit ``--window`` must start inside the capture; its end is clipped to the capture's end.
+
+    A window before the start or past the end would count unrecorded time as idle
+    (">100% of its window", "100% idle"): that is a usage error, not a result.
+    """
+    end = (meta.get("window_ns") or [None, None])[1]
+    if end is None and ov.ranks.height:
+        hi = ov.ranks["hi"].max()
+        end = int(hi) if hi is not None else None  # type: ignore[arg-type]
+    if end is None or end <= origin:
+        return tr
+    span = f"0s:{(end - origin) / 1e9:.6f}s"
+    if tr[0] < origin:
+        raise UsageError(f"--window {spec!r}: starts before the capture ({span}); START must be >= 0")
+    if tr[0] >= end:
+        raise UsageError(f"--window {spec!r}: starts after the capture ends ({span}); choose a range inside it")
+    if tr[1] > end:
+        quality.add("window_clipped", f"--window {spec!r} ends after the capture; analyzed up to its end "
+                    f"({(end - origin) / 1e9:.6f}s)", severity="info")
+        return tr[0], end
+    return tr
+
+
 def run_analysis(
     source: FrameSource | ScanSource,
     meta: Mapping[str, Any],
@@ -186,6 +210,7 @@ def run_analysis(
             m = ov.ranks["min_ts"].min() if ov.ranks.height else None
             origin = int(m) if m is not None else 0  # type: ignore[arg-type]
         tr = parse_time_range(window, origin)
+        tr = _window_inside(tr, window, int(origin), meta, ov, quality)
     capture = meta.get("capture")
     pw = capture.get("profiler_windows") if isinstance(capture, dict) else None
     win = select_window(lf, time_range=tr, skip_steps=skip_steps, trim_transient=trim_transient and tr is None, quality=quality,

@@ -9,6 +9,8 @@ latest rank's first event; the window starts there.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import polars as pl
@@ -184,16 +186,21 @@ def parse_time_range(spec: str, origin_ns: int) -> tuple[int, int]:
 
     def one(x: str) -> int:
         x = x.strip()
-        for suf, mul in (("ms", 1_000_000), ("us", 1_000), ("µs", 1_000), ("ns", 1), ("s", 1_000_000_000)):
+        mul = 1_000_000_000
+        for suf, m in (("ms", 1_000_000), ("us", 1_000), ("µs", 1_000), ("ns", 1), ("s", 1_000_000_000)):
             if x.endswith(suf):
-                return int(float(x[: -len(suf)]) * mul)
-        return int(float(x) * 1_000_000_000)
+                x, mul = x[: -len(suf)], m
+                break
+        v = float(x) * mul
+        if not math.isfinite(v) or abs(v) > 1e18:  # inf, nan, or beyond int64 nanoseconds
+            raise ValueError(x)
+        return int(v)
 
     try:
         a, b = spec.split(":", 1)
         lo, hi = origin_ns + one(a), origin_ns + one(b)
     except ValueError:
-        raise UsageError(f"--window {spec!r}: expected START:END such as 12.30s:12.45s") from None
+        raise UsageError(f"--window {spec!r}: expected START:END of finite times such as 12.30s:12.45s") from None
     if hi <= lo:
         raise UsageError(f"--window {spec!r}: END must be after START")
     return lo, hi

@@ -12,7 +12,15 @@ from tracekit._errors import TracekitError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-__all__ = ["handle_errors"]
+__all__ = ["handle_errors", "at_least"]
+
+
+def at_least(option: str, value: int | None, lo: int) -> None:
+    """A count option below ``lo`` is a usage error (``--top -1``, ``--skip-steps -1``, ``-j 0``)."""
+    if value is not None and value < lo:
+        from tracekit._errors import UsageError
+
+        raise UsageError(f"{option} {value}: must be at least {lo}")
 
 
 def handle_errors(fn: F) -> F:
@@ -20,8 +28,11 @@ def handle_errors(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from tracekit.schema import guard_inputs
+
         try:
-            return fn(*args, **kwargs)
+            with guard_inputs():  # no output of this command may replace a file it reads
+                return fn(*args, **kwargs)
         except TracekitError as e:
             print(f"tracekit: error: {e}", file=sys.stderr)
             raise typer.Exit(e.exit_code) from None

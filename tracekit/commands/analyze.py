@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from tracekit.commands._common import handle_errors
+from tracekit.commands._common import at_least, handle_errors
 
 __all__ = ["register"]
 
@@ -31,6 +31,13 @@ def register(app: typer.Typer) -> None:
         """Analyze a trace: exclusive time split per rank, top kernels, collectives, stalls, idle causes, PCIe, power, steps."""
         from tracekit.api import analyze
 
+        at_least("--skip-steps", skip_steps, 0)
+        at_least("--top", top, 0)
+        if html is not None:
+            from tracekit.schema import check_output_path, note_input
+
+            note_input(trace)
+            check_output_path(html, force=force)
         res = analyze(trace, window=window, skip_steps=skip_steps, trim_transient=not no_trim, top=top, steps_from=steps_from)
         if html is not None:
             from tracekit.schema import read_trace

@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from tracekit.commands._common import handle_errors
+from tracekit.commands._common import at_least, handle_errors
 
 __all__ = ["register"]
 
@@ -27,6 +27,7 @@ def register(app: typer.Typer) -> None:
         """Convert torch.profiler/Kineto JSON (SGLang per-rank files included) or Nsight Systems exports into one trace.parquet."""
         from tracekit.ingest.convert import convert
 
+        at_least("--jobs", jobs, 1)
         res = convert(inputs, out, force=force, rules=rules, jobs=jobs, progress=not quiet, steps_from=steps_from)
         if not quiet:
             mb = res.input_bytes / 1e6

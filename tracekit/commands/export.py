@@ -33,10 +33,10 @@ def register(app: typer.Typer) -> None:
 
         if perfetto is None:
             raise UsageError("export: choose a format, e.g. --perfetto out.json.gz")
-        if perfetto.exists() and not force:
-            raise OutputError(f"{perfetto}: exists; pass --force to overwrite")
-        if perfetto.resolve() == trace.resolve():
-            raise UsageError(f"{perfetto}: would overwrite the input trace; choose another output name")
+        from tracekit.schema import check_output_path, note_input
+
+        note_input(trace)
+        check_output_path(perfetto, force=force)  # not the input, a device, a FIFO or a directory
         df, meta = read_trace(trace)
         analysis = None if no_analysis else _analysis(df, meta)
         st = export_perfetto(df, meta, perfetto, analysis=analysis, force=force, include_cpu=cpu)

@@ -34,10 +34,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Replay a trace's dependency graph and predict step time and tokens/s under what-ifs."""
         from tracekit.replay import replay
-        from tracekit.schema import atomic_path, read_trace
+        from tracekit.schema import atomic_path, check_output_path, read_trace
 
         df, meta = read_trace(trace)
         target = read_trace(durations_from)[0] if durations_from is not None else None
+        if out is not None:  # before the work: --out is never one of the traces just read, a device or a directory
+            check_output_path(out, force=force)
         res = replay(df, meta, what_if, durations_from=target, calibrate=not no_calibrate, gap_scale=gap_scale)
         if out is not None:
             with atomic_path(out, force=force) as tmp:

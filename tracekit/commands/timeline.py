@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import typer
 
-from tracekit.commands._common import handle_errors
+from tracekit.commands._common import at_least, handle_errors
 
 __all__ = ["register"]
 
@@ -54,14 +54,13 @@ def register(app: typer.Typer) -> None:
         from tracekit.report.timeline_html import render_timeline
         from tracekit.schema import read_trace
 
+        at_least("--max-segments", max_segments, 0)
         if window is not None and step is not None:
             raise UsageError("--window and --step both choose the detail window; pass one")
-        if out.exists() and not force:
-            from tracekit._errors import OutputError
+        from tracekit.schema import check_output_path, note_input
 
-            raise OutputError(f"{out}: exists; pass --force to overwrite")
-        if out.resolve() == trace.resolve():
-            raise UsageError(f"{out}: would overwrite the input trace; choose another output name")
+        note_input(trace)
+        check_output_path(out, force=force)  # not the input, a device, a FIFO or a directory
         df, meta = read_trace(trace)
         analysis = None if no_analysis else _analysis(df, meta)
         res = render_timeline(df, meta, analysis, out, window=window, step=step, force=force,

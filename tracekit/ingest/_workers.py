@@ -23,5 +23,10 @@ def worker_threads(jobs: int) -> int:
 
 def init_worker(threads: int) -> None:
     """Process-pool initializer: set the parse and polars thread counts (no-op for a variable the user set)."""
+    import signal
+
+    # Ctrl-C reaches the whole process group: the parent stops the pool and cleans up; a worker
+    # must not die on its own with a KeyboardInterrupt traceback
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.setdefault("TRACEKIT_PARSE_THREADS", str(threads))
     os.environ.setdefault("POLARS_MAX_THREADS", str(threads))

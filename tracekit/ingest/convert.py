@@ -30,13 +30,13 @@ import polars as pl
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from tracekit._errors import InputError, OutputError, QualityLog, TracekitError
+from tracekit._errors import InputError, OutputError, QualityLog, TracekitError, os_reason
 from tracekit._memory import release_memory, tune_runtime
 from tracekit.categories import RuleSet, load_rules
 from tracekit.ingest.common import finalize_rank, ts_order
 from tracekit.ingest.discover import Source, discover
 from tracekit.ingest.rankwrite import COLL_KEY, COMM, PART_ROWS, emit_frame, write_rank
-from tracekit.schema import ARROW_SCHEMA, DICT_COLUMNS, TraceWriter, conform, to_arrow
+from tracekit.schema import ARROW_SCHEMA, DICT_COLUMNS, TraceWriter, check_output_path, conform, note_input, to_arrow
 from tracekit.steplabels import compile_steps_from
 
 __all__ = ["convert", "ConvertResult", "convert_source"]
@@ -365,14 +365,20 @@ def convert(
         rules_path = rules.sources[0] if rules.sources else None
     if rules_path:
         load_rules(rules_path)  # validate early, one-line error
+    for s in sources:
+        note_input(s.path)
+    if rules_path:
+        note_input(rules_path)
     in_bytes = sum(s.path.stat().st_size if s.path.is_file() else sum(f.stat().st_size for f in s.path.iterdir()) for s in sources)
-    # refuse early (before the work) when the output exists or cannot be written
-    if out.exists() and not force:
-        raise OutputError(f"{out}: exists; pass --force to overwrite")
-    if not (out.parent if str(out.parent) else Path(".")).is_dir():
-        raise OutputError(f"{out}: directory {out.parent} does not exist; create it first")
+    # refuse early (before the work) when the output exists, is an input, a device/FIFO/directory, or cannot be written
+    check_output_path(out, force=force)
     quality = QualityLog()
-    part_dir = tempfile.mkdtemp(prefix=".tracekit-parts-", dir=str(out.parent if str(out.parent) else "."))
+    out_dir = str(out.parent if str(out.parent) else ".")
+    _remove_stale_parts(out_dir)
+    try:
+        part_dir = tempfile.mkdtemp(prefix=f"{PARTS_PREFIX}{os.getpid()}-", dir=out_dir)
+    except OSError as e:
+        raise OutputError(f"{out}: cannot create a temporary directory in {out_dir} {os_reason(e, writing=True)}") from None
     metas: list[dict[str, Any]] = []
     extra = pl.concat([conform(e) for e in extra_frames if e is not None and e.height], how="vertical_relaxed") if any(
         e is not None and e.height for e in extra_frames
@@ -388,8 +394,9 @@ def convert(
             from tracekit.ingest._workers import init_worker, worker_threads
 
             # each worker gets its share of the cores (set before the worker imports polars)
-            with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"),
-                                     initializer=init_worker, initargs=(worker_threads(jobs),)) as ex:
+            ex = ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"),
+                                     initializer=init_worker, initargs=(worker_threads(jobs),))
+            try:
                 futs = {ex.submit(convert_source, s, rules_path, part_dir, str(out), steps_from): s for s in sources}
                 for f in as_completed(futs):
                     try:
@@ -399,6 +406,10 @@ def convert(
                     except Exception as e:  # noqa: BLE001
                         raise InputError(f"{futs[f].path}: conversion failed ({type(e).__name__}: {e})") from None
                     prog.step(str(futs[f].path.name))
+            except BaseException:
+                _stop_pool(ex)  # Ctrl-C / an error: do not wait for the other ranks' workers
+                raise
+            ex.shutdown(wait=True)
         else:
             # one rank at a time, in rank order, written in the output format on a thread while the next
             # rank is read; the staged file becomes the output unless a second pass is needed (see below)
@@ -494,6 +505,50 @@ def convert(
     return ConvertResult(out, ranks, rows, time.perf_counter() - t0, in_bytes, meta, meta["quality"])
 
 
+def _stop_pool(ex: ProcessPoolExecutor) -> None:
+    """Cancel queued ranks and kill the running workers (their parts are in the part directory, removed after)."""
+    procs = list(getattr(ex, "_processes", {}).values())
+    ex.shutdown(wait=False, cancel_futures=True)
+    for p in procs:
+        try:
+            p.kill()
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+    for p in procs:
+        p.join(5)
+
+
+#: temporary part directories next to the output: ``.tracekit-parts-<pid>-<random>``
+PARTS_PREFIX = ".tracekit-parts-"
+
+
+def _remove_stale_parts(out_dir: str) -> None:
+    """Remove part directories a killed conversion left (SIGKILL, OOM kill): their process is gone.
+
+    Only directories named with a pid that no longer runs are removed, so a
+    conversion running in parallel into the same directory keeps its parts.
+    """
+    try:
+        names = [n for n in os.listdir(out_dir) if n.startswith(PARTS_PREFIX)]
+    except OSError:
+        return
+    for n in names:
+        pid_s = n[len(PARTS_PREFIX):].split("-", 1)[0]
+        if not pid_s.isdigit():
+            continue
+        pid = int(pid_s)
+        if pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, 0)
+            continue  # still running
+        except ProcessLookupError:
+            pass
+        except (PermissionError, OSError):
+            continue  # another user's live process
+        shutil.rmtree(os.path.join(out_dir, n), ignore_errors=True)
+
+
 def _staged_as_is(metas: list[dict[str, Any]], offsets: dict[int, int], merged_extra: bool) -> bool:
     """Whether the staged file can be the output unchanged: each rank written once, in increasing
     rank order, under its final rank number, with no clock offset to apply and capture rows merged."""
@@ -505,12 +560,11 @@ def _staged_as_is(metas: list[dict[str, Any]], offsets: dict[int, int], merged_e
 
 def _publish(staged: str, out: Path, force: bool) -> None:
     """Move the finished staged file to ``out`` (same directory tree: an atomic rename)."""
-    if out.exists() and not force:
-        raise OutputError(f"{out}: exists; pass --force to overwrite")
+    check_output_path(out, force=force)
     try:
         os.replace(staged, out)
     except OSError as e:
-        raise OutputError(f"{out}: cannot write ({e.strerror or e}); free disk space or choose another -o") from None
+        raise OutputError(f"{out}: cannot write {os_reason(e, writing=True)}") from None
 
 
 #: First events of two ranks further apart than this: files of different captures (refused).

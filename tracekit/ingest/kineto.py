@@ -443,6 +443,15 @@ def parse_threads() -> int:
     return max(1, min(n, 8))
 
 
+def _result(f: Future) -> Any:
+    """``f.result()`` in bounded waits, so the main thread handles Ctrl-C between them at once."""
+    while True:
+        try:
+            return f.result(timeout=0.1)
+        except TimeoutError:
+            continue
+
+
 def _read_streaming(p: Path, rank: int | None, exact: bool | None) -> tuple[pl.DataFrame, dict[str, Any]]:
     """Bounded-memory path: decompress and decode chunk by chunk (see kineto_stream).
 
@@ -470,18 +479,18 @@ def _read_streaming(p: Path, rank: int | None, exact: bool | None) -> tuple[pl.D
             take(_stage_chunk(chunk, p, exact))
     else:
         pending: deque[Future] = deque()
-        with ThreadPoolExecutor(nthreads, thread_name_prefix="tk-parse") as ex:
-            try:
-                for chunk in es.chunks():
-                    pending.append(ex.submit(_stage_chunk, chunk, p, exact))
-                    del chunk
-                    while len(pending) > nthreads:
-                        take(pending.popleft().result())
-                while pending:
-                    take(pending.popleft().result())
-            finally:
-                for f in pending:
-                    f.cancel()
+        ex = ThreadPoolExecutor(nthreads, thread_name_prefix="tk-parse")
+        try:
+            for chunk in es.chunks():
+                pending.append(ex.submit(_stage_chunk, chunk, p, exact))
+                del chunk
+                while len(pending) > nthreads:
+                    take(_result(pending.popleft()))
+            while pending:
+                take(_result(pending.popleft()))
+        finally:
+            # Ctrl-C or an error: queued chunks are dropped, only the ones being parsed are waited for
+            ex.shutdown(wait=True, cancel_futures=True)
     if group:
         frames.append(_stack(group))
     try:

@@ -11,6 +11,7 @@ sizes of the workload for predictions that matter (replay_model.md §3).
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -66,7 +67,10 @@ def _num_unit(text: str, units: dict[str, float], what: str, spec: str) -> float
     u = m.group(2).lower() or ("gb/s" if what == "bandwidth" else "us")
     if u not in units:
         raise UsageError(f"what-if {spec!r}: unknown {what} unit {m.group(2)!r}; use one of {', '.join(units)}")
-    return float(m.group(1)) * units[u]
+    v = float(m.group(1)) * units[u]
+    if not math.isfinite(v):
+        raise UsageError(f"what-if {spec!r}: {what} {text!r} is not a finite number")
+    return v
 
 
 def parse_fabric(text: str, spec: str = "") -> Fabric:

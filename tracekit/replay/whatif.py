@@ -19,6 +19,7 @@ Spec grammar (one scenario per flag; ``+`` combines edits in one scenario):
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Callable
@@ -211,8 +212,8 @@ def parse_whatif(spec: str) -> WhatIf:
         except ValueError:
             factor = None  # type: ignore[assignment]
         if factor is not None:
-            if factor < 0:
-                raise UsageError(f"what-if {spec!r}: factor must be >= 0")
+            if not math.isfinite(factor) or factor < 0:
+                raise UsageError(f"what-if {spec!r}: factor must be a finite number >= 0 (e.g. 0.5)")
             w.edits.append(_scale_edit(lhs, factor, spec))
             continue
         coll = _COLL_ALIASES.get(lhs.lower())
