@@ -50,6 +50,8 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
+#: ranks are int32 in the trace
+MAX_RANK = 2**31 - 1
 META_KEY = b"tracekit"
 
 #: Row kinds. GPU ops are ``kernel``, ``memcpy`` and ``memset``.

@@ -35,8 +35,9 @@ from tracekit._memory import release_memory, tune_runtime
 from tracekit.categories import RuleSet, load_rules
 from tracekit.ingest.common import finalize_rank, ts_order
 from tracekit.ingest.discover import Source, discover
+from tracekit.ingest.validate import MIXED_CAPTURE_NS as _MIXED_NS
 from tracekit.ingest.rankwrite import COLL_KEY, COMM, PART_ROWS, emit_frame, write_rank
-from tracekit.schema import ARROW_SCHEMA, DICT_COLUMNS, TraceWriter, check_output_path, conform, note_input, to_arrow
+from tracekit.schema import ARROW_SCHEMA, DICT_COLUMNS, MAX_RANK, TraceWriter, check_output_path, conform, note_input, to_arrow
 from tracekit.steplabels import compile_steps_from
 
 __all__ = ["convert", "ConvertResult", "convert_source"]
@@ -85,8 +86,15 @@ def _raw_ranks(src: Source) -> Iterator[tuple[list[pl.DataFrame], dict[str, Any]
         raw_r, meta_r = pieces.pop()
         meta_r = dict(meta_r)
         rank = meta_r.get("rank")
+        if rank is not None and src.rank_hint is not None and rank != src.rank_hint and src.capture_id is None:
+            # (SGLang names carry the TP index, which differs from the global rank under DP/PP: not a contradiction)
+            meta_r.setdefault("quality", []).append({"code": "rank_name_mismatch", "severity": "warning", "message":
+                f"{src.path.name}: the trace says rank {rank} but the file name says rank {src.rank_hint}; "
+                f"using rank {rank} (the trace's); rename the file if the trace is wrong"})
         if rank is None:
             rank = src.rank_hint
+        if rank is not None and not 0 <= rank <= MAX_RANK:
+            raise InputError(f"{src.path}: rank {rank} is out of range (0..{MAX_RANK}); rename the file as rank<N>.json.gz")
         if rank is None:
             rank = -1  # resolved by the parent (single-file inputs become rank 0)
         meta_r.update(rank=rank, window=src.window, source_file=str(src.path))
@@ -297,14 +305,16 @@ def _part_summary(df: pl.DataFrame, comm_path: str, out_label: str) -> dict[str,
 
 
 def _world_meta(metas: list[dict[str, Any]], ranks: list[int], quality: QualityLog) -> dict[str, Any]:
+    # world_size was range-checked by the reader (<= MAX_WORLD); the missing ranks are built as ranges, never a set
     ws = max([m.get("world_size") or 0 for m in metas] + [len(ranks)])
-    expected = set(range(ws))
-    missing = sorted(expected - set(ranks)) if ws and max(ranks, default=0) < ws else []
-    if missing and len(missing) < ws:
+    missing = _missing(ranks, ws) if ws and max(ranks, default=0) < ws else []
+    n_missing = sum(b - a + 1 for a, b in missing)
+    if missing and n_missing < ws:
         quality.add(
             "missing_ranks",
-            f"ranks {_ranges(missing)} of {ws} are absent; cross-rank results cover only the ranks present",
-            missing=missing,
+            f"ranks {_ranges_of(missing)} of {ws} are absent; cross-rank results cover only the ranks present",
+            missing=[r for a, b in missing for r in range(a, b + 1)][:MISSING_LISTED],
+            **({"missing_count": n_missing} if n_missing > MISSING_LISTED else {}),
         )
     per_rank = []
     for m in sorted(metas, key=lambda m: (m["rank"], m.get("window") or 0)):
@@ -568,7 +578,7 @@ def _publish(staged: str, out: Path, force: bool) -> None:
 
 
 #: First events of two ranks further apart than this: files of different captures (refused).
-MIXED_CAPTURE_NS = 600 * 10**9
+MIXED_CAPTURE_NS = _MIXED_NS
 #: Clock offsets (applied or suspected) at least this large are reported as host clock skew.
 SKEW_WARN_NS = 100 * 10**6
 
@@ -656,6 +666,29 @@ def _align(metas: list[dict[str, Any]], ranks: list[int], quality: QualityLog, e
         quality.append(q)
     info = res.to_json()
     return ({int(k): int(v) for k, v in res.offsets_ns.items()} if res.applied else {}), info
+
+
+#: ranks listed in a missing_ranks flag's details (its count is always given)
+MISSING_LISTED = 4096
+
+
+def _missing(present: list[int], ws: int) -> list[tuple[int, int]]:
+    """Ranges ``(a, b)`` (inclusive) of ``range(ws)`` not in ``present`` (sorted), without a set of ``ws`` elements."""
+    out, nxt = [], 0
+    for r in sorted(set(present)):
+        if r >= ws:
+            break
+        if r > nxt:
+            out.append((nxt, r - 1))
+        nxt = r + 1
+    if nxt < ws:
+        out.append((nxt, ws - 1))
+    return out
+
+
+def _ranges_of(rs: list[tuple[int, int]], limit: int = 12) -> str:
+    parts = [str(a) if a == b else f"{a}-{b}" for a, b in rs[:limit]]
+    return ", ".join(parts) + (f", ... ({len(rs) - limit} more ranges)" if len(rs) > limit else "")
 
 
 def _ranges(xs: list[int]) -> str:

@@ -11,12 +11,14 @@ trace's own ``distributedInfo.rank`` wins):
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from tracekit._errors import InputError
+from tracekit._errors import InputError, os_reason
 
 __all__ = ["Source", "discover", "rank_from_name", "SGLANG_NAME"]
 
@@ -54,7 +56,10 @@ def rank_from_name(name: str) -> tuple[int | None, str | None, str | None]:
 
 
 def _is_nsys_dir(p: Path) -> bool:
-    return p.is_dir() and (p / "TARGET_INFO_SESSION_START_TIME.parquet").exists()
+    try:
+        return p.is_dir() and (p / "TARGET_INFO_SESSION_START_TIME.parquet").exists()
+    except OSError:  # a symlink loop (Python < 3.12 raises from is_dir)
+        return False
 
 
 def _classify(p: Path) -> Source | None:
@@ -69,21 +74,58 @@ def _classify(p: Path) -> Source | None:
     return None
 
 
+def _stat(p: Path) -> os.stat_result:
+    """``os.stat`` with one-line errors: missing, a symlink loop, no permission."""
+    try:
+        return os.stat(p)
+    except FileNotFoundError:
+        if os.path.islink(p):
+            raise InputError(f"{p}: a symbolic link to a missing file; fix the link or pass the file itself") from None
+        raise InputError(f"{p}: no such file or directory; check the path") from None
+    except OSError as e:
+        raise InputError(f"{p}: cannot read {os_reason(e, writing=False)}") from None
+
+
+def _check_source(s: Source) -> Source:
+    """A source must be a regular file (or an nsys parquetdir) that can be read.
+
+    A FIFO or a device named ``*.json`` would block or never end; a symlink
+    loop cannot be opened.
+    """
+    st = _stat(s.path)
+    if stat.S_ISDIR(st.st_mode):
+        if not os.access(s.path, os.R_OK | os.X_OK):
+            raise InputError(f"{s.path}: cannot read (Permission denied); check the directory's permissions")
+        return s
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else ("a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a regular file")
+        raise InputError(f"{s.path}: is {kind}, not a trace file; pass the trace file itself")
+    if not os.access(s.path, os.R_OK):
+        raise InputError(f"{s.path}: cannot read (Permission denied); check the file's permissions")
+    return s
+
+
 def discover(inputs: Sequence[str | Path]) -> list[Source]:
     """Expand files/dirs into sources. Raises InputError for missing paths or nothing found."""
     out: list[Source] = []
     for raw in inputs:
         p = Path(raw)
-        if not p.exists():
-            raise InputError(f"{p}: no such file or directory; check the path")
-        if p.is_dir() and not _is_nsys_dir(p):
+        st = _stat(p)
+        if stat.S_ISDIR(st.st_mode) and not _is_nsys_dir(p):
             found = []
-            for child in sorted(p.iterdir()):
+            try:
+                children = sorted(p.iterdir())
+            except OSError as e:
+                raise InputError(f"{p}: cannot list the directory {os_reason(e, writing=False)}") from None
+            for child in children:
                 if child.name.startswith("."):
                     continue
-                s = _classify(child)
+                try:
+                    s = _classify(child)
+                except OSError as e:  # a symlink loop named like a directory entry
+                    raise InputError(f"{child}: cannot read {os_reason(e, writing=False)}") from None
                 if s is not None:
-                    found.append(s)
+                    found.append(_check_source(s))
             if not found:
                 raise InputError(f"{p}: no trace files (*.json, *.json.gz, *.sqlite, nsys parquetdir) in this directory")
             out.extend(found)
@@ -91,7 +133,7 @@ def discover(inputs: Sequence[str | Path]) -> list[Source]:
             s = _classify(p)
             if s is None:
                 raise InputError(f"{p}: unsupported input; expected Kineto JSON (.json/.json.gz), nsys .sqlite or an nsys parquetdir")
-            out.append(s)
+            out.append(_check_source(s))
     # drop merged SGLang files when per-rank files are present (merged ones duplicate events)
     if any(s.path.name.startswith("merged-") for s in out) and any(not s.path.name.startswith("merged-") for s in out):
         out = [s for s in out if not s.path.name.startswith("merged-")]

@@ -38,7 +38,8 @@ import polars as pl
 from tracekit._errors import InputError, QualityLog
 from tracekit._frames import attach_rows
 from tracekit.ingest.kineto_stream import EventStream, StreamFallback
-from tracekit.schema import conform
+from tracekit.ingest.validate import check_times
+from tracekit.schema import MAX_RANK, conform
 
 __all__ = ["read_kineto", "KINETO_KINDS"]
 
@@ -60,6 +61,10 @@ KINETO_KINDS = {
     "user_annotation": "range",
     "gpu_user_annotation": "gpu_range",
 }
+#: Chrome trace event phases (``ph``); events of any other phase are counted (``unknown_phases``) and skipped
+KNOWN_PHASES = frozenset("B E X i I C b n e s t f P N O D M V v R c ( ) S T p F".split())
+#: key prefix of unknown-phase counts in the unknown-category tally
+_PH_KEY = "\x00ph:"
 _SKIP = {
     "Trace",
     "overhead",
@@ -311,6 +316,9 @@ class _Cols:
                         unknown[str(e.cat)] = unknown.get(str(e.cat), 0) + 1
                 elif e.ph in ("i", "I") and e.cat not in _SKIP and e.ts is not None:
                     keep.append(e)
+                elif not isinstance(e.ph, str) or e.ph not in KNOWN_PHASES:
+                    k = _PH_KEY + str(e.ph)
+                    unknown[k] = unknown.get(k, 0) + 1
             for k, v in unknown.items():
                 quality_unknown[k] = quality_unknown.get(k, 0) + v
         return keep
@@ -383,15 +391,50 @@ def _rank_meta(top: _Top, path: Path) -> dict[str, Any]:
         "display_time_unit": top.displayTimeUnit,
         "distributed_info": {k: v for k, v in di.items() if k != "pg_config"} if di else None,
         "pg_config": di.get("pg_config") if di else None,
-        "rank_from_file": di.get("rank") if isinstance(di.get("rank"), int) else None,
-        "world_size": di.get("world_size") if isinstance(di.get("world_size"), int) else None,
+        "rank_from_file": None,
+        "world_size": None,
         "backend": di.get("backend"),
         "nccl_version": di.get("nccl_version"),
         "record_shapes": bool(top.record_shapes) if top.record_shapes is not None else None,
     }
     if isinstance(top.deviceProperties, list) and top.deviceProperties:
         meta["device_props"] = top.deviceProperties
+    notes: list[dict[str, Any]] = []
+    if di:
+        meta["rank_from_file"] = _checked_int(di.get("rank"), "rank", 0, MAX_RANK, path, notes)
+        meta["world_size"] = _checked_int(di.get("world_size"), "world_size", 1, MAX_WORLD, path, notes)
+        r, ws = meta["rank_from_file"], meta["world_size"]
+        if r is not None and ws is not None and r >= ws:
+            notes.append({"code": "bad_world_size", "severity": "warning", "message":
+                          f"{path.name}: distributedInfo.world_size {ws} is not above its rank {r}; world size ignored"})
+            meta["world_size"] = None
+    meta["field_notes"] = notes
     return meta
+
+
+#: largest rank / world size a trace's ``distributedInfo`` may claim (ranks are int32; larger claims are refused
+#: before they size anything: a missing-rank list or per-rank tables)
+MAX_WORLD = 1 << 17
+
+
+def _checked_int(v: Any, name: str, lo: int, hi: int, path: Path, notes: list[dict[str, Any]]) -> int | None:
+    """``distributedInfo.<name>`` as an int in ``[lo, hi]``, else None with a quality note (never silently 0)."""
+    if v is None:
+        return None
+    code = "bad_rank_field" if name == "rank" else "bad_world_size"
+    if isinstance(v, str) and v.strip().isdigit():
+        n = int(v.strip())
+        if lo <= n <= hi:
+            notes.append({"code": code, "severity": "info", "message":
+                          f"{path.name}: distributedInfo.{name} is the text {v!r}; read as {n}"})
+            return n
+    elif isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi:
+        return v
+    shown = repr(v) if len(repr(v)) <= 40 else repr(v)[:37] + "..."
+    what = "the rank from the file name is used" if name == "rank" else "world size taken from the files given"
+    notes.append({"code": code, "severity": "warning", "message":
+                  f"{path.name}: distributedInfo.{name} {shown} is not an integer in {lo}..{hi}; ignored ({what})"})
+    return None
 
 
 def read_kineto(path: str | Path, rank: int | None = None, *, exact: bool | None = None) -> tuple[pl.DataFrame, dict[str, Any]]:
@@ -612,10 +655,16 @@ def _assemble(frames: list[pl.DataFrame], meta: dict[str, Any], unknown: dict[st
     if rank is None:
         rank = meta["rank_from_file"]
     quality = QualityLog()
+    phases = {k[len(_PH_KEY):]: v for k, v in unknown.items() if k.startswith(_PH_KEY)}
+    unknown = {k: v for k, v in unknown.items() if not k.startswith(_PH_KEY)}
     if unknown:
         quality.add("unknown_event_kinds", f"{p.name}: skipped events of unknown categories: "
                     + ", ".join(f"{k} ({v})" for k, v in sorted(unknown.items())), unknown=unknown)
-    meta["quality"] = [q.to_json() for q in quality]
+    if phases:
+        quality.add("unknown_phases", f"{p.name}: skipped {sum(phases.values())} events of unknown phase (ph) "
+                    + ", ".join(f"{k!r} ({v})" for k, v in sorted(phases.items())[:8])
+                    + "; only X (complete) and i (instant) events become rows", phases=phases)
+    meta["quality"] = [*meta.pop("field_notes", []), *(q.to_json() for q in quality)]
     stage = _glue(frames) if frames else _empty_stage()
     df = _finish(stage, meta)
     del stage
@@ -793,6 +842,10 @@ def _fast_stage(chunk: bytearray, unknown: dict[str, int]) -> pl.DataFrame | Non
         pl.col("cat").fill_null("None")).len().collect()
     for cat, n in unk.iter_rows():
         unknown[str(cat)] = unknown.get(str(cat), 0) + int(n)
+    unk_ph = lf.filter(~pl.col("ph").is_in(list(KNOWN_PHASES)) | pl.col("ph").is_null()).group_by(
+        pl.col("ph").fill_null("None")).len().collect()
+    for ph, n in unk_ph.iter_rows():
+        unknown[_PH_KEY + str(ph)] = unknown.get(_PH_KEY + str(ph), 0) + int(n)
     inst = pl.col("ph").is_in(["i", "I"]) & (pl.col("cat").is_null() | ~pl.col("cat").is_in(list(_SKIP))) & pl.col("ts").is_not_null()
     def a(k: str) -> pl.Expr:
         return pl.col(f"args.{k}")
@@ -804,7 +857,7 @@ def _fast_stage(chunk: bytearray, unknown: dict[str, int]) -> pl.DataFrame | Non
         pl.col("pid"),
         pl.col("tid"),
         _float_us_to_ns("ts").alias("ts_rel_ns"),
-        _float_us_to_ns("dur").fill_null(0).alias("dur_ns"),
+        _float_us_to_ns("dur").alias("dur_ns"),  # null: missing or not a number (counted, then 0, in _finish)
         *[a(k).alias(_ARG_RENAME.get(k, k)) for k in ("correlation", "External id", "device", "stream",
           "registers per thread", "shared memory", "bytes", "graph id", "graph node id", "Collective name",
           "In msg nelems", "Out msg nelems", "Group size", "dtype", "Process Group Name",
@@ -867,7 +920,7 @@ def _stage_from_cols(cols: _Cols) -> pl.DataFrame:
     )
     st = st.with_columns(
         _ns_expr("ts_s", unit_ns=1000).alias("ts_rel_ns"),
-        _ns_expr("dur_s", unit_ns=1000).fill_null(0).alias("dur_ns"),
+        _ns_expr("dur_s", unit_ns=1000).alias("dur_ns"),
         pl.col("pid_s").cast(pl.Int64, strict=False).alias("pid"),
         pl.col("tid_s").cast(pl.Int64, strict=False).alias("tid"),
     )
@@ -881,14 +934,7 @@ def _finish(st: pl.DataFrame, meta: dict[str, Any]) -> pl.DataFrame:
     if absent:  # dropped by _sparse: a null literal takes no memory
         st = st.with_columns(absent)
     df = st.with_columns((pl.col("ts_rel_ns") + pl.lit(base, dtype=pl.Int64)).alias("ts_ns"))
-    bad_ts = df.get_column("ts_ns").null_count()
-    if bad_ts:
-        meta.setdefault("quality", []).append({"code": "bad_timestamps", "message": f"dropped {bad_ts} events without a numeric ts", "severity": "warning"})
-        df = df.filter(pl.col("ts_ns").is_not_null())
-    neg = df.select((pl.col("dur_ns") < 0).sum()).item()
-    if neg:
-        meta.setdefault("quality", []).append({"code": "negative_durations", "message": f"{neg} events had negative durations; clamped to 0", "severity": "warning"})
-        df = df.with_columns(pl.when(pl.col("dur_ns") < 0).then(0).otherwise(pl.col("dur_ns")).alias("dur_ns"))
+    df = check_times(df, meta, Path(meta.get("source_file") or "trace").name)
     # memcpy kind and memory kinds from the memcpy rows only, attached by row number as categoricals
     # (no text column the length of the rank, no hash join over every row)
     is_mc = pl.col("kind") == "memcpy"
