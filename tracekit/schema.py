@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracekit import __version__
-from tracekit._errors import InputError, OutputError, os_reason
+from tracekit._errors import InputError, OutputError, UsageError, os_reason
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -278,7 +278,7 @@ def _file_kind(mode: int) -> str:
 def check_output_path(final: str | os.PathLike[str], *, force: bool) -> None:
     """Refuse an output target that is an input, not a regular file, or exists without ``force``.
 
-    Raises :class:`InputError` (the output is an input of this command) or :class:`OutputError`.
+    Raises :class:`UsageError` (the output is an input of this command) or :class:`OutputError`.
     """
     final = Path(final)
     try:
@@ -289,7 +289,7 @@ def check_output_path(final: str | os.PathLike[str], *, force: bool) -> None:
         raise OutputError(f"{final}: cannot use as output {os_reason(e, writing=True)}") from None
     if st is not None:
         if any((st.st_dev, st.st_ino) in s for s in _INPUTS):
-            raise InputError(f"{final}: the output would overwrite an input; choose another -o")
+            raise UsageError(f"{final}: the output would overwrite an input; choose another -o")
         if not stat.S_ISREG(st.st_mode):
             kind = _file_kind(st.st_mode)
             hint = f"; name a file inside it, e.g. {final / 'trace.parquet'}" if kind == "a directory" else "; -o must name a regular file"

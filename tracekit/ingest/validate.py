@@ -20,10 +20,9 @@ Flags (``code``: when):
   :data:`MIXED_CAPTURE_NS` (set to 0: one such event would make the window hours long);
 - ``negative_timestamps``: events with a negative ``ts`` in the file (kept when
   they lie with the others, info);
-- ``outlier_timestamps``: a few events lie more than :data:`MIXED_CAPTURE_NS`
-  away from the rest of the rank (dropped). When more than
-  :data:`OUTLIER_MAX_FRACTION` of the events do, the file holds several
-  captures: InputError;
+- ``outlier_timestamps``: at most :data:`OUTLIER_MAX_FRACTION` of the events lie
+  more than :data:`MIXED_CAPTURE_NS` away from the rest of the rank (dropped);
+  ``timestamp_gaps`` when more do (kept: the file may hold several stretches);
 - ``duplicate_events``: the same event (kind, thread or stream, start, duration,
   name, correlation) more than once; the copies are dropped.
 """
@@ -40,7 +39,7 @@ __all__ = ["check_times", "MIXED_CAPTURE_NS", "OUTLIER_MAX_FRACTION"]
 
 #: Events (or ranks' first events) further apart than this belong to different captures.
 MIXED_CAPTURE_NS = 600 * 10**9
-#: at most this fraction of a rank's events may be outliers (dropped with a flag); more is an error
+#: at most this fraction of a rank's events are outliers (dropped with a flag); more are kept (``timestamp_gaps``)
 OUTLIER_MAX_FRACTION = 0.01
 _GPU = ["kernel", "memcpy", "memset"]
 _GPU_KEY = ["kind", "ts_ns", "dur_ns", "device", "stream", "correlation", "name"]
@@ -117,10 +116,11 @@ def _drop_outliers(df: pl.DataFrame, meta: dict[str, Any], name: str) -> pl.Data
     k = max(range(len(sizes)), key=lambda i: sizes[i])
     keep_lo, keep_hi = int(ts[bounds[k]]), int(ts[bounds[k + 1] - 1])
     n_out = ts.len() - sizes[k]
-    if n_out > max(10, OUTLIER_MAX_FRACTION * ts.len()):
-        raise InputError(f"{name}: its events form {len(sizes)} groups more than {MIXED_CAPTURE_NS // 60_000_000_000} min "
-                         f"apart ({n_out} of {ts.len()} events outside the largest); the file mixes captures or its "
-                         "timestamps are corrupt; re-export the trace")
+    if n_out > OUTLIER_MAX_FRACTION * ts.len():  # not a few strays: keep everything, say so
+        _flag(meta, "timestamp_gaps", f"{name}: its events form {len(sizes)} groups more than "
+              f"{MIXED_CAPTURE_NS // 60_000_000_000} min apart ({n_out} of {ts.len()} events outside the largest); "
+              "the time between them counts as idle; check that the file holds one capture", count=n_out)
+        return df
     base = int(meta.get("base_time_ns") or 0)
     ex = df.filter((pl.col("ts_ns") < keep_lo) | (pl.col("ts_ns") > keep_hi)).select("name", "ts_rel_ns").head(3)
     shown = ", ".join(f"{str(n)[:40]!r} at ts {_us(int(t))}" for n, t in ex.iter_rows())
