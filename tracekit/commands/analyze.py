@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
     @app.command("analyze")
     @handle_errors
     def analyze_cmd(
-        trace: Path = typer.Argument(..., help="trace.parquet written by `tracekit capture` or `tracekit convert`."),
+        trace: Path = typer.Argument(..., readable=False, help="trace.parquet written by `tracekit capture` or `tracekit convert`."),
         as_json: bool = typer.Option(False, "--json", help="Print the stable JSON object (docs/analyze_json.md)."),
         window: Optional[str] = typer.Option(None, "--window", help="Time range relative to capture start, e.g. 12.30s:12.45s."),
         skip_steps: int = typer.Option(0, "--skip-steps", help="Ignore the first N profiled steps."),

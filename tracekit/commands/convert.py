@@ -16,10 +16,10 @@ def register(app: typer.Typer) -> None:
     @app.command("convert")
     @handle_errors
     def convert_cmd(
-        inputs: List[Path] = typer.Argument(..., help="Trace files or directories (one capture, any number of ranks)."),
+        inputs: List[Path] = typer.Argument(..., readable=False, help="Trace files or directories (one capture, any number of ranks)."),
         out: Path = typer.Option(Path("trace.parquet"), "-o", "--out", help="Output trace.parquet."),
         force: bool = typer.Option(False, "--force", help="Overwrite an existing output."),
-        rules: Optional[Path] = typer.Option(None, "--rules", help="Extra category rules (JSON/YAML), tried before the defaults."),
+        rules: Optional[Path] = typer.Option(None, "--rules", readable=False, help="Extra category rules (JSON/YAML), tried before the defaults."),
         jobs: Optional[int] = typer.Option(None, "-j", "--jobs", help="Ranks converted at once. Default 1: one rank at a time, its JSON decoded by all cores (memory of one rank). N>1: N ranks in worker processes, ~N x the memory."),
         quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar or summary."),
         steps_from: Optional[str] = typer.Option(None, "--steps-from", help="Regex: CPU ranges whose name matches are the steps (named groups id, mode, bs, tok optional); default: the built-in step-label grammar."),

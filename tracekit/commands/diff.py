@@ -31,8 +31,8 @@ def register(app: typer.Typer) -> None:
     @app.command("diff")
     @handle_errors
     def diff(
-        before: Path = typer.Argument(..., help="Baseline trace.parquet."),
-        after: Path = typer.Argument(..., help="Changed trace.parquet."),
+        before: Path = typer.Argument(..., readable=False, help="Baseline trace.parquet."),
+        after: Path = typer.Argument(..., readable=False, help="Changed trace.parquet."),
         as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON on stdout."),
         html_out: Optional[Path] = typer.Option(None, "--html", help="Also write a self-contained HTML page here."),
         force: bool = typer.Option(False, "--force", help="Overwrite the --html file."),

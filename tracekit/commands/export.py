@@ -17,7 +17,7 @@ def register(app: typer.Typer) -> None:
     @app.command("export")
     @handle_errors
     def export_cmd(
-        trace: Path = typer.Argument(..., help="trace.parquet written by `tracekit capture` or `tracekit convert`."),
+        trace: Path = typer.Argument(..., readable=False, help="trace.parquet written by `tracekit capture` or `tracekit convert`."),
         perfetto: Optional[Path] = typer.Option(
             None, "--perfetto", help="Write a merged multi-rank Chrome-JSON trace (*.json or *.json.gz) for ui.perfetto.dev."),
         cpu: bool = typer.Option(False, "--cpu", help="Also export CPU ops / runtime calls with launch → kernel flows."),
@@ -26,7 +26,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Export a trace: one process per rank, one track per GPU stream, categories on slices,
         counters as counter tracks, collectives as flows across ranks, stalls as instant events."""
-        from tracekit._errors import OutputError, UsageError
+        from tracekit._errors import UsageError
         from tracekit.commands.timeline import _analysis
         from tracekit.report.perfetto import export_perfetto
         from tracekit.schema import read_trace

@@ -18,13 +18,13 @@ def register(app: typer.Typer) -> None:
     @app.command("replay")
     @handle_errors
     def replay_cmd(
-        trace: Path = typer.Argument(..., help="trace.parquet of the baseline run."),
+        trace: Path = typer.Argument(..., readable=False, help="trace.parquet of the baseline run."),
         what_if: List[str] = typer.Option(
             [], "--what-if", "-w",
             help="Scenario (repeatable): moe_gemm=0.33 | re:fused_moe.*=0.5 | allreduce=bw:400GB/s,lat:5us | "
                  "allreduce=nvlink-h200 | no-host-sync | cuda-graph[:node=0.3us,launch=10us]; '+' combines."),
         durations_from: Optional[Path] = typer.Option(
-            None, "--durations-from", help="trace.parquet of the same workload: substitute its per-kernel durations "
+            None, "--durations-from", readable=False, help="trace.parquet of the same workload: substitute its per-kernel durations "
                                            "(oracle scenario)."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
         out: Optional[Path] = typer.Option(None, "--out", help="Write the JSON to this file instead of stdout."),

@@ -37,7 +37,7 @@ def register(app: typer.Typer) -> None:
     @app.command("timeline")
     @handle_errors
     def timeline_cmd(
-        trace: Path = typer.Argument(..., help="trace.parquet written by `tracekit capture` or `tracekit convert`."),
+        trace: Path = typer.Argument(..., readable=False, help="trace.parquet written by `tracekit capture` or `tracekit convert`."),
         out: Path = typer.Option(..., "-o", "--out", help="Output HTML file (self-contained, works offline)."),
         window: Optional[str] = typer.Option(
             None, "--window", help="Detail window relative to capture start, e.g. 12.30s:12.45s (units ns/us/ms/s)."),

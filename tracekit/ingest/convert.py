@@ -440,7 +440,7 @@ def convert(
         md = _world_meta(metas, ranks, quality)
         for m in metas:
             for q in m.get("quality") or []:
-                quality.add(q["code"], q["message"], severity=q.get("severity", "warning"), rank=m["rank"])
+                quality.add(q["code"], q["message"], severity=q.get("severity", "warning"), rank=m["rank"], **(q.get("details") or {}))
         if not any(m["gpu_ops"] for m in metas):
             if any(m.get("cpu_device_ops") for m in metas):  # CPU mode (docs/cpu_mode.md)
                 md["device_mode"] = "cpu"
