@@ -29,7 +29,7 @@ def register(app: typer.Typer) -> None:
         steps_from: Optional[str] = typer.Option(None, "--steps-from", help="Regex: CPU ranges whose name matches are the steps (named groups id, mode, bs, tok optional)."),
     ) -> None:
         """Analyze a trace: exclusive time split per rank, top kernels, collectives, stalls, idle causes, PCIe, power, steps."""
-        from tracekit.api import analyze
+        from tracekit.api import analyze_result
 
         at_least("--skip-steps", skip_steps, 0)
         at_least("--top", top, 0)
@@ -38,7 +38,9 @@ def register(app: typer.Typer) -> None:
 
             note_input(trace)
             check_output_path(html, force=force)
-        res = analyze(trace, window=window, skip_steps=skip_steps, trim_transient=not no_trim, top=top, steps_from=steps_from)
+        result = analyze_result(trace, window=window, skip_steps=skip_steps, trim_transient=not no_trim, top=top,
+                                steps_from=steps_from)
+        res = result.to_json()
         if html is not None:
             from tracekit.schema import read_trace
 
@@ -48,8 +50,10 @@ def register(app: typer.Typer) -> None:
                 from tracekit._errors import UsageError
 
                 raise UsageError("--html: the timeline reporter is not available in this build") from None
+            from tracekit.report.timeline_data import views_analysis
+
             df, meta = read_trace(trace)
-            render_timeline(df, meta, res, html, force=force)
+            render_timeline(df, meta, views_analysis(result), html, force=force)
         if as_json:
             res.pop("_terminal_sections", None)
             json.dump(res, sys.stdout, indent=1, default=str)

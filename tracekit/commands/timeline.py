@@ -14,23 +14,16 @@ __all__ = ["register"]
 
 
 def _analysis(df: Any, meta: dict[str, Any]) -> dict[str, Any] | None:
-    """The analyze dict for the page summary; a failed analysis costs the summary, not the page."""
+    """The analysis the page reads (summary, matched collectives, profiled spans), from the one
+    :class:`~tracekit.analysis.result.AnalysisResult`; a failed analysis costs the summary, not the page."""
+    from tracekit.api import analyze_frame_result
+    from tracekit.report.timeline_data import views_analysis
+
     try:
-        from tracekit.api import analyze_frame
-    except ImportError:
-        return None
-    try:
-        res = analyze_frame(df, meta)
+        return views_analysis(analyze_frame_result(df, meta))
     except Exception as e:  # noqa: BLE001 - the timeline is still useful without the summary
         print(f"tracekit: warning: analysis failed ({type(e).__name__}: {e}); the page has no summary", file=sys.stderr)
         return None
-    try:  # matched instances (also for collectives without pg_name/coll_seq metadata): wait + links
-        from tracekit.analysis.collectives import match_collectives
-
-        res["collective_instances"] = match_collectives(df)
-    except Exception as e:  # noqa: BLE001
-        print(f"tracekit: warning: collective matching failed ({type(e).__name__}: {e})", file=sys.stderr)
-    return res
 
 
 def register(app: typer.Typer) -> None:

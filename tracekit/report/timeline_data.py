@@ -36,6 +36,7 @@ __all__ = [
     "CPU_LANE",
     "profiled_spans",
     "profiler_windows",
+    "views_analysis",
     "steps_in_spans",
     "chooser_entries",
     "category_list",
@@ -180,6 +181,16 @@ def profiled_spans(df: pl.DataFrame, meta: Mapping[str, Any] | None) -> list[tup
     if ext.height == 0:
         return []
     return [(int(ext["lo"].min()), int(ext["hi"].max()))]  # type: ignore[arg-type]
+
+
+def views_analysis(result: Any) -> dict[str, Any]:
+    """What the timeline and the Perfetto export read from an :class:`~tracekit.analysis.result.AnalysisResult`:
+    its ``analyze --json`` sections, plus ``collective_instances`` (the matched instances on the trace's
+    own clock) and ``profiled_spans`` (the observed stretches the analysis decided)."""
+    out = dict(result.to_json())
+    out["collective_instances"] = result.instances_in_input_time()
+    out["profiled_spans"] = [(int(a), int(b)) for a, b in result.spans]
+    return out
 
 
 def profiler_windows(meta: Mapping[str, Any] | None) -> list[tuple[int, int]]:

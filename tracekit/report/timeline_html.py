@@ -105,7 +105,8 @@ def build_payload(
     ranks = sorted(set(df.get_column("rank").unique().to_list()))
     stalls = analysis_events(analysis.get("stalls"))
     pcie = analysis_events(analysis.get("pcie_phases"))
-    spans = profiled_spans(df, meta)
+    given = analysis.get("profiled_spans")
+    spans = [(int(a), int(b)) for a, b in given] if given else profiled_spans(df, meta)
     windowed = len(profiler_windows(meta)) >= 2
     w = choose_window(df, ops, base, end, window=window, step=step, spans=spans, windowed=windowed)
     data = w if (window is not None or step is not None) else data_window(ops, spans, w, max_segments)
