@@ -22,7 +22,7 @@ order (host order: one model forward is a sequence):
   ``moe_routing`` (family ``moe_routing.dispatch``). A shared expert runs after the combine, so its
   GEMMs stay dense.
 * **eager attention** = GEMM, at most :data:`MAX_ATTN_GAP` ops, ``softmax``, at most
-  :data:`MAX_ATTN_GAP` ops, GEMM (outside any router/MoE block): both GEMMs (QK^T and PV) and the
+  :data:`MAX_ATTN_GAP` ops, GEMM, no top-k among them (outside any router/MoE block): both GEMMs (QK^T and PV) and the
   softmax are ``attention`` (family ``attention.eager``).
 
 Only ops whose category came from a name rule are touched (a context rule's attribution from
@@ -162,10 +162,13 @@ def apply_moe_structure(df: pl.DataFrame) -> pl.DataFrame:
         )
         upd.append(inb.select("_row", cat.alias("_c"), famx.alias("_f")).filter(pl.col("_c").is_not_null()))
     # eager attention: GEMM .. softmax .. GEMM, outside the MoE blocks
-    ops = ops.with_columns(next_after("_gemm").alias("_g_next"))
+    ops = ops.with_columns(next_after("_gemm").alias("_g_next"), next_after("_topk").alias("_k_next"))
     att = ops.filter(
         pl.col("_softmax") & pl.col("_g_prev").is_not_null() & pl.col("_g_next").is_not_null()
         & (pos - pl.col("_g_prev") <= MAX_ATTN_GAP) & (pl.col("_g_next") - pos <= MAX_ATTN_GAP)
+        # a top-k between them makes it a router or sampler, not attention
+        & (pl.col("_k_prev").is_null() | (pl.col("_k_prev") < pl.col("_g_prev")))
+        & (pl.col("_k_next").is_null() | (pl.col("_k_next") > pl.col("_g_next")))
     ).select(pl.col("_g_prev").alias("_a"), pos.alias("_s"), pl.col("_g_next").alias("_b"))
     if att.height:
         if blocks.height:
