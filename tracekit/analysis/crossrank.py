@@ -26,6 +26,7 @@ from tracekit.analysis.collectives import (collective_ops, collective_quality, c
                                            split_communication)
 from tracekit.analysis.efficiency import efficiency_finish, kernel_efficiency, moe_gemm_finish, moe_gemm_findings, moe_gemm_part
 from tracekit.analysis.findings import Finding, cross_rank_candidates, rank_findings
+from tracekit.analysis.interconnect import interconnect_verdict
 from tracekit.analysis.gaps import IdleCauses, idle_causes, restrict_to_spans
 from tracekit.analysis.pcie import PciePart, pcie_finish, pcie_part
 from tracekit.analysis.power import PowerResult, power_finish, power_part
@@ -39,7 +40,7 @@ __all__ = ["cross_rank_sections", "cross_rank_plan", "cross_rank_part", "cross_r
            "SECTION_KEYS"]
 
 SECTION_KEYS = ("stalls", "collectives", "idle_causes_ns", "idle_gaps", "pcie_phases", "power", "steps", "kernel_efficiency", "moe_gemm",
-                "findings")
+                "interconnect", "findings")
 
 
 
@@ -286,6 +287,12 @@ def cross_rank_finish(plan: CrossRankPlan, parts: list[CrossRankPart], tables: d
     wmap = {int(r): int(w) for r, w in zip(extents["rank"].to_list(), extents["w"].to_list())} if extents.height else {}
     cpu = sum(p.rows for p in parts) > 0 and sum(p.gpu_rows for p in parts) == 0
     extra = [Finding("moe_gemm", t, w) for w, t in moe_gemm_findings(out["moe_gemm"])]
+    n_steps = int(st.steps.filter(~pl.col("no_gpu"))["step_id"].n_unique()) if st.steps.height else 0
+    seen = {r: min(w, (observed or {}).get(r, w)) for r, w in wmap.items()}  # windowed capture: recorded time only
+    ic_rows, ic_found = interconnect_verdict(out["collectives"]["groups"], plan.meta, window_ns=sum(seen.values()), steps=n_steps,
+                                             ranks=len(wmap) or int(plan.meta.get("world_size") or 2))
+    out["interconnect"] = ic_rows
+    extra += [Finding("interconnect", t, w, subject=subj) for subj, w, t in ic_found]
     cands = cross_rank_candidates(out, al.residual_ns, idle, pcie, pw, st, eff, wmap, cpu, observed, extra=extra)
     out["findings"] = rank_findings(cands, residual_ns=al.residual_ns)
     out["_candidates"] = cands  # for the one ranker in :mod:`tracekit.analysis.pipeline` (not JSON)
