@@ -35,7 +35,7 @@ def test_cli_terminal_json_html(pair: tuple[Path, Path], tmp_path: Path) -> None
     b, a = pair
     r = CliRunner().invoke(app, ["diff", str(b), str(a)])
     assert r.exit_code == 0, r.output
-    assert "untuned → tuned" in r.output and "tuned is 30.8% faster per step" in r.output
+    assert "untuned → tuned" in r.output and "tuned is 1.44× faster per step" in r.output
     r = CliRunner().invoke(app, ["diff", str(b), str(a), "--json", "--labels", "A,B"])
     assert r.exit_code == 0, r.output
     blob = json.loads(r.output)

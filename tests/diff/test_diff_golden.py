@@ -62,7 +62,7 @@ def test_per_step_category_times_and_step_p50() -> None:
     # tokens/s: the step table's definition (as `analyze`): tokens over step time, 4 steps x 8 tokens / 4 x 6.5 ms
     assert sc["tokens_per_s"]["before"] == pytest.approx(32 / (4 * 6.5e-3))
     assert sc["tokens_per_s"]["after"] == pytest.approx(32 / (4 * 4.5e-3))
-    assert d.verdict[0].startswith("after is 30.8% faster per step")
+    assert d.verdict[0].startswith("after is 1.44× faster per step (step -31%: p50 6.500 → 4.500 ms)")  # 6.5 / 4.5
     assert any("moe_gemm -2.000 ms/step (-50.0%)" in v for v in d.verdict)
 
 
@@ -134,3 +134,11 @@ def test_json_is_serializable() -> None:
     blob = json.loads(json.dumps(d.to_json(), default=str))
     assert blob["basis"] == "per_step" and blob["verdict"] == d.verdict
     assert {r["bucket"] for r in blob["categories"]} >= {"moe_gemm", "attention", "idle"}
+
+
+def test_speedups_are_factors_and_slowdowns_too() -> None:
+    from tracekit.analysis.diff import _times
+
+    assert _times(3.06, 1.0) == "3.06× faster" and _times(1.0, 1.25) == "1.25× slower" and _times(2.0, 2.0) == "1.00× slower"
+    d = diff_runs(run(2.0), run(4.0))  # the MoE GEMM got slower
+    assert " slower per step (step +" in d.verdict[0] and "×" in d.verdict[0]

@@ -300,6 +300,13 @@ def _ms(ns: float | None) -> float | None:
     return None if ns is None else ns / 1e6
 
 
+def _times(before: float, after: float, better: str = "faster", worse: str = "slower") -> str:
+    """A change of a cost (time, energy) as a factor: ``3.06× faster`` for 3.06× less, ``1.25× slower`` for 1.25× more."""
+    if after <= 0 or before <= 0:
+        return "unchanged"
+    return f"{before / after:.2f}× {better}" if after < before else f"{after / before:.2f}× {worse}"
+
+
 def _pct(r: float) -> str:
     return f"{r * 100:+.1f}%"
 
@@ -311,8 +318,8 @@ def _verdict(d: DiffResult, noise: float) -> list[str]:
         r = (a.step_p50_ns - b.step_p50_ns) / b.step_p50_ns
         head = (f"no significant change in step time (p50 {b.step_p50_ns / 1e6:.3f} → {a.step_p50_ns / 1e6:.3f} ms)"
                 if abs(r) < noise else
-                f"{a.label} is {abs(r) * 100:.1f}% {'faster' if r < 0 else 'slower'} per step "
-                f"(p50 {b.step_p50_ns / 1e6:.3f} → {a.step_p50_ns / 1e6:.3f} ms)")
+                f"{a.label} is {_times(b.step_p50_ns, a.step_p50_ns)} per step (step {r * 100:+.0f}%: "
+                f"p50 {b.step_p50_ns / 1e6:.3f} → {a.step_p50_ns / 1e6:.3f} ms)")
     else:
         sb, sa = _scale(b, d.basis), _scale(a, d.basis)
         vb, va = b.busy_ns * sb, a.busy_ns * sa
@@ -337,7 +344,12 @@ def _verdict(d: DiffResult, noise: float) -> list[str]:
     if b.tokens_per_s and a.tokens_per_s:
         r = (a.tokens_per_s - b.tokens_per_s) / b.tokens_per_s
         if abs(r) >= noise:
-            out.append(f"throughput {b.tokens_per_s:,.0f} → {a.tokens_per_s:,.0f} tokens/s ({_pct(r)})")
+            out.append(f"throughput {b.tokens_per_s:,.0f} → {a.tokens_per_s:,.0f} tokens/s ({a.tokens_per_s / b.tokens_per_s:.2f}×, {_pct(r)})")
+        pb, pa = b.power.get("power_w"), a.power.get("power_w")
+        if pb and pa:  # energy per token from the same windows' power and tokens/s as analyze
+            eb, ea = pb / b.tokens_per_s * 1e3, pa / a.tokens_per_s * 1e3
+            if abs(ea - eb) >= noise * eb:
+                out.append(f"energy per token {eb:,.1f} → {ea:,.1f} mJ/token ({_times(eb, ea, 'less', 'more')} energy)")
     if d.collectives.height:
         tw = d.collectives.select(pl.col("wait_ns_delta").sum(), pl.col("transfer_ns_delta").sum()).row(0)
         kb = float(d.collectives["kernel_ns_before"].sum() or 0.0)
