@@ -26,6 +26,8 @@ def register(app: typer.Typer) -> None:
         top: int = typer.Option(5, "--top", help="Kernels listed per category."),
         html: Optional[Path] = typer.Option(None, "--html", help="Also write the timeline HTML to this file."),
         force: bool = typer.Option(False, "--force", help="Overwrite --html output."),
+        width: Optional[int] = typer.Option(
+            None, "--width", help="Report width in columns (default: the terminal's width; 80 in a pipe or file, or $COLUMNS)."),
         steps_from: Optional[str] = typer.Option(None, "--steps-from", help="Regex: CPU ranges whose name matches are the steps (named groups id, mode, bs, tok optional)."),
     ) -> None:
         """Analyze a trace: exclusive time split per rank, top kernels, collectives, stalls, idle causes, PCIe, power, steps."""
@@ -33,6 +35,8 @@ def register(app: typer.Typer) -> None:
 
         at_least("--skip-steps", skip_steps, 0)
         at_least("--top", top, 0)
+        if width is not None:
+            at_least("--width", width, 40)
         if html is not None:
             from tracekit.schema import check_output_path, note_input
 
@@ -61,4 +65,4 @@ def register(app: typer.Typer) -> None:
         else:
             from tracekit.report.terminal import render_analysis
 
-            render_analysis(res)
+            render_analysis(res, width=width)

@@ -38,6 +38,8 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(False, "--force", help="Overwrite the --html file."),
         top: int = typer.Option(15, "--top", help="Kernels to list."),
         labels: Optional[str] = typer.Option(None, "--labels", help="Names of the two runs, e.g. untuned,tuned."),
+        width: Optional[int] = typer.Option(
+            None, "--width", help="Report width in columns (default: the terminal's width; 80 in a pipe or file, or $COLUMNS)."),
     ) -> None:
         """Compare two captures: time per category, step time p50/p90, tokens/s, collective transfer vs wait,
         power, the kernels whose time changed most, and a short verdict."""
@@ -47,6 +49,8 @@ def register(app: typer.Typer) -> None:
 
         if top < 1:
             raise UsageError("--top must be at least 1")
+        if width is not None and width < 40:
+            raise UsageError(f"--width {width}: give at least 40 columns")
         if labels:
             parts = [p.strip() for p in labels.split(",")]
             if len(parts) != 2 or not all(parts):
@@ -72,6 +76,6 @@ def register(app: typer.Typer) -> None:
         else:
             from tracekit.report.diff_terminal import render_terminal
 
-            render_terminal(res)
+            render_terminal(res, width=width)
             if html_out is not None:
                 typer.echo(f"wrote {html_out}")

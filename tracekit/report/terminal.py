@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, TextIO
 
-from rich.console import Console
-from rich.table import Table
+from tracekit.report._fmt import Col, bullets, console_width, fit_tables
+from rich.text import Text
 
 __all__ = ["render_analysis", "fmt_ns"]
 
@@ -29,59 +29,62 @@ def _pct(v: float, w: float) -> str:
 
 
 def render_analysis(res: dict[str, Any], out: TextIO | None = None, *, width: int | None = None) -> None:
-    """Findings first, then the breakdown per rank, top kernels, sections from cross-rank analysis, quality."""
-    con = Console(file=out, width=width or 120, highlight=False, soft_wrap=False)
+    """Findings first, then the breakdown per rank, top kernels, uncategorized kernels, quality.
+
+    ``width``: columns; default the real terminal's width (80 in a pipe or a file, or ``$COLUMNS``).
+    Tables never cut a number or a unit: they split into parts that fit (each repeating the
+    rank / category column); only kernel names are shortened.
+    """
+    con = console_width(width, out)
+    w_con = con.width
     findings = res.get("findings") or []
     if findings:
         con.print("[bold]Findings[/bold]")
-        for f in findings:
-            con.print(f"  • {f}", markup=False)
+        con.print(bullets([str(f) for f in findings]))
         con.print()
     buckets = res.get("buckets") or []
     title = "Where GPU time goes (exclusive; % of each rank's window)"
     if res.get("device_mode") == "cpu":
         title = "Where the forward threads' time goes (CPU mode: no GPU in this trace; % of each rank's window)"
-    t = Table(title=title, show_lines=False)
-    t.add_column("rank", justify="right")
-    t.add_column("window", justify="right")
-    t.add_column("busy", justify="right")
-    for b in buckets:
-        t.add_column(b, justify="right")
+    cols = [Col("rank", key=True), Col("window"), Col("busy")] + [Col(b) for b in buckets]
+    rows: list[list[object]] = []
+    styles: list[str | None] = []
     for r in res.get("ranks", []):
         w = r["window_ns"]
-        t.add_row(str(r["rank"]), fmt_ns(w), _pct(r["gpu_busy_ns"], w), *[_pct(r["time_ns"].get(b, 0), w) for b in buckets])
+        rows.append([str(r["rank"]), fmt_ns(w), _pct(r["gpu_busy_ns"], w), *[_pct(r["time_ns"].get(b, 0), w) for b in buckets]])
+        styles.append(None)
     o = res.get("overall") or {}
     if o and len(res.get("ranks", [])) > 1:
         w = o["window_ns"]
-        t.add_row("all", fmt_ns(w), _pct(o["gpu_busy_ns"], w), *[_pct(o["time_ns"].get(b, 0), w) for b in buckets], style="bold")
-    con.print(t)
+        rows.append(["all", fmt_ns(w), _pct(o["gpu_busy_ns"], w), *[_pct(o["time_ns"].get(b, 0), w) for b in buckets]])
+        styles.append("bold")
+    for t in fit_tables(title, cols, rows, w_con, row_styles=styles):
+        con.print(t)
     win = res.get("window") or {}
     if win.get("trimmed_transient_ns"):
         con.print(f"window: trimmed the first {fmt_ns(win['trimmed_transient_ns'])} (profiler-start transient)")
     tk = res.get("top_kernels") or {}
     if tk:
-        kt = Table(title="Top kernels per category (all ranks)")
-        for c in ("category", "kernel", "count", "total", "mean"):
-            kt.add_column(c, justify="right" if c in ("count", "total", "mean") else "left", overflow="ellipsis", no_wrap=True, max_width=70 if c == "kernel" else None)
-        for cat, rows in tk.items():
-            for i, row in enumerate(rows):
-                kt.add_row(cat if i == 0 else "", row["name"], str(row["count"]), fmt_ns(row["total_ns"]), fmt_ns(row["mean_ns"]))
-        con.print(kt)
+        cols = [Col("category", "text", key=True, min_width=8), Col("kernel", "text", key=True, max_width=70), Col("count"),
+                Col("total"), Col("mean")]
+        rows = [[cat if i == 0 else "", row["name"], str(row["count"]), fmt_ns(row["total_ns"]), fmt_ns(row["mean_ns"])]
+                for cat, items in tk.items() for i, row in enumerate(items)]
+        for t in fit_tables("Top kernels per category (all ranks)", cols, rows, w_con):
+            con.print(t)
     unc = res.get("uncategorized_top") or []
     if unc:
-        ut = Table(title="Top uncategorized kernels (no rule matched; extend with --rules)")
-        ut.add_column("kernel", overflow="ellipsis", no_wrap=True, max_width=80)
-        ut.add_column("count", justify="right")
-        ut.add_column("total", justify="right")
-        for row in unc[:5]:
-            ut.add_row(row["name"], str(row["count"]), fmt_ns(row["total_ns"]))
-        con.print(ut)
+        cols = [Col("kernel", "text", key=True, max_width=80), Col("count"), Col("total")]
+        rows = [[row["name"], str(row["count"]), fmt_ns(row["total_ns"])] for row in unc[:5]]
+        for t in fit_tables("Top uncategorized kernels (no rule matched; extend with --rules)", cols, rows, w_con):
+            con.print(t)
     for sec in res.get("_terminal_sections", []) or []:
         con.print(sec, markup=False)
     q = res.get("quality") or []
     if q:
         con.print("[bold]Data quality[/bold]")
+        lines = []
         for item in q:
             tag = item.get("severity", "warning")
             rk = f" (rank {item['rank']})" if item.get("rank") is not None else ""
-            con.print(f"  [{tag}] {item['code']}{rk}: {item['message']}", markup=False)
+            lines.append(Text(f"[{tag}] {item['code']}{rk}: {item['message']}"))
+        con.print(bullets(lines, marker="-"))
