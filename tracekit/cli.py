@@ -8,25 +8,80 @@ message and a non-zero exit code (no traceback).
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
+import re
 import signal
 import sys
+from typing import Any
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from tracekit._errors import TracekitError
 
 __all__ = ["app", "main"]
 
+def _flags_read_as_flags(params: list[Any]) -> None:
+    """Boolean flags show no value placeholder in help (typer prints ``<bool>`` as if they took one)."""
+    for p in params:
+        if getattr(p, "is_flag", False) and getattr(p, "metavar", None) is None:
+            p.metavar = ""
+
+
+class _Command(TyperCommand):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _flags_read_as_flags(self.params)
+
+    def get_help_option(self, ctx: Any) -> Any:
+        opt = super().get_help_option(ctx)
+        _flags_read_as_flags([opt] if opt is not None else [])
+        return opt
+
+
+class _Group(TyperGroup):
+    def get_help_option(self, ctx: Any) -> Any:
+        opt = super().get_help_option(ctx)
+        _flags_read_as_flags([opt] if opt is not None else [])
+        return opt
+
+
 app = typer.Typer(
     name="tracekit",
-    help="Trace capture and replay analyzer for multi-GPU LLM inference.",
+    help="Trace capture and replay analyzer for multi-GPU LLM inference. Each command's help names the docs page "
+         "that explains its output; `tracekit COMMAND --help` for details.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=_Group,
 )
 
 _COMMANDS = ("convert", "analyze", "capture", "launch", "timeline", "export", "replay", "diff")
+
+#: the page that explains each command's output (named at the end of its help)
+DOCS = {
+    "convert": "schemas/trace_v1.md (the trace.parquet it writes)",
+    "analyze": "docs/analyze_json.md (--json; the terms: docs/breakdown.md, docs/metrics.md)",
+    "capture": "schemas/trace_v1.md (the trace.parquet it writes; CPU runs: docs/cpu_mode.md)",
+    "launch": "docs/sglang_integration.md",
+    "timeline": "docs/timeline.md",
+    "export": "docs/timeline.md (section `tracekit export --perfetto`)",
+    "replay": "docs/replay.md",
+    "diff": "docs/diff.md",
+}
+
+
+def _help_text(doc: str, docs_page: str | None) -> str:
+    """One paragraph per blank-line-separated block (hard line breaks of the docstring joined, so the
+    help wraps at the terminal's width, never mid-sentence), then the docs page of the output."""
+    paras = [" ".join(ln.strip() for ln in block.splitlines() if ln.strip())
+             for block in re.split(r"\n\s*\n", inspect.cleandoc(doc or ""))]
+    paras = [p for p in paras if p]
+    if docs_page:
+        paras.append(f"Output explained in {docs_page}.")
+    return "\n\n".join(paras)
+
 
 for _name in _COMMANDS:
     try:
@@ -36,6 +91,12 @@ for _name in _COMMANDS:
             raise
         continue
     _mod.register(app)
+
+for _info in app.registered_commands:
+    if _info.cls in (None, TyperCommand):
+        _info.cls = _Command
+    _cmd = _info.name or (_info.callback.__name__ if _info.callback else "")
+    _info.help = _help_text(_info.help or inspect.getdoc(_info.callback) or "", DOCS.get(_cmd))
 
 
 class _Terminated(BaseException):
