@@ -98,7 +98,7 @@ class RuleSet:
 def _compile(rx: str, where: str) -> re.Pattern[str]:
     try:
         return re.compile(rx)
-    except re.error as e:
+    except (re.error, TypeError) as e:
         raise InputError(f"{where}: invalid regex {rx!r} ({e}); fix the rule") from None
 
 
@@ -109,11 +109,19 @@ def _parse(doc: dict[str, Any], where: str) -> tuple[list[Rule], list[ContextRul
     for i, r in enumerate(doc["rules"]):
         if not isinstance(r, dict) or not {"id", "category", "regex"} <= set(r):
             raise InputError(f"{where}: rules[{i}] needs id, category and regex")
+        if not all(isinstance(r[k], str) for k in ("id", "category", "regex")):
+            raise InputError(f"{where}: rules[{i}]: id, category and regex must be text")
         if r["category"] not in CATEGORIES:
             raise InputError(f"{where}: rules[{i}] ({r['id']}): category {r['category']!r} is not one of {', '.join(CATEGORIES)}")
         rules.append(Rule(r["id"], r["category"], _compile(r["regex"], f"{where}: rules[{i}]")))
     ctx = []
+    if not isinstance(doc.get("context", []) or [], list):
+        raise InputError(f"{where}: 'context' must be a list; see schemas/categories_v1.json")
+    if not isinstance(doc.get("default") or {}, dict):
+        raise InputError(f"{where}: 'default' must be an object; see schemas/categories_v1.json")
     for i, r in enumerate(doc.get("context", []) or []):
+        if not isinstance(r, dict) or not {"id", "category", "range_regex"} <= set(r):
+            raise InputError(f"{where}: context[{i}] needs id, category and range_regex")
         if r.get("category") not in CATEGORIES:
             raise InputError(f"{where}: context[{i}]: category {r.get('category')!r} is not one of {', '.join(CATEGORIES)}")
         ctx.append(
@@ -130,15 +138,24 @@ def _parse(doc: dict[str, Any], where: str) -> tuple[list[Rule], list[ContextRul
 
 def _load_doc(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise InputError(f"{path}: cannot read rules file ({e.strerror}); check the path") from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: rules file is not UTF-8 text (byte {e.start}); write the rules as JSON or YAML text") from None
     if path.suffix in (".yaml", ".yml"):
         try:
             import yaml  # type: ignore[import-untyped]
         except ImportError:
             raise InputError(f"{path}: YAML rules need PyYAML (pip install pyyaml), or write the rules as JSON") from None
-        data = yaml.safe_load(text)
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+            what = " ".join(str(getattr(e, "problem", None) or e).split())[:200]
+            raise InputError(f"{path}: invalid YAML ({where}{what}); fix the rules file "
+                             "(format: schemas/categories_v1.json)") from None
         if isinstance(data, list):  # bare list of rules, as in kernel_families.md
             data = {"rules": data}
         return data

@@ -7,20 +7,36 @@ message and a non-zero exit code (no traceback).
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import os
 import re
 import signal
 import sys
 from typing import Any
 
-import typer
-from typer.core import TyperCommand, TyperGroup
 
-from tracekit._errors import TracekitError
+def _interrupted_while_starting(signum: int, frame: object) -> None:
+    """Ctrl-C while the commands are imported: nothing has been written yet; one line, exit 130."""
+    sys.stderr.write("tracekit: interrupted\n")
+    sys.stderr.flush()
+    os._exit(130)
+
+
+try:  # restored at the end of this module; main() then installs the command-time handler
+    _PREV_SIGINT = signal.signal(signal.SIGINT, _interrupted_while_starting)
+except ValueError:  # imported from a thread
+    _PREV_SIGINT = None
+
+import importlib  # noqa: E402
+import inspect  # noqa: E402
+
+import typer  # noqa: E402
+from typer.core import TyperCommand, TyperGroup  # noqa: E402
+
+from tracekit._errors import TracekitError  # noqa: E402
+from tracekit.commands import _common  # noqa: E402
 
 __all__ = ["app", "main"]
+
 
 def _flags_read_as_flags(params: list[Any]) -> None:
     """Boolean flags show no value placeholder in help (typer prints ``<bool>`` as if they took one)."""
@@ -128,6 +144,11 @@ def main() -> None:
 def _run() -> None:
     try:
         app(standalone_mode=True)
+    except SystemExit as e:
+        # typer turns a Ctrl-C outside the command body (while parsing options, importing) into a silent exit 130
+        if e.code == 130 and not _common.interrupt_reported():
+            print("tracekit: interrupted", file=sys.stderr)
+        raise
     except _Terminated:
         print("tracekit: terminated", file=sys.stderr)
         sys.exit(143)
@@ -144,6 +165,9 @@ def _run() -> None:
         print(f"tracekit: internal error: {msg}; please report it (TRACEKIT_DEBUG=1 shows the traceback)", file=sys.stderr)
         sys.exit(70)
 
+
+if _PREV_SIGINT is not None:
+    signal.signal(signal.SIGINT, _PREV_SIGINT)
 
 if __name__ == "__main__":
     main()

@@ -488,6 +488,32 @@ def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     return meta
 
 
+def _dtype_family(t: pl.DataType) -> str:
+    if t.is_integer():
+        return "int"
+    if t.is_float():
+        return "float"
+    if isinstance(t, (pl.String, pl.Categorical, pl.Enum)) or t == pl.String:
+        return "text"
+    if t == pl.Boolean:
+        return "bool"
+    if isinstance(t, pl.Null) or t == pl.Null:
+        return "null"
+    return str(t.base_type())
+
+
+def _compatible(got: pl.DataType, want: pl.DataType) -> bool:
+    """Same family (any integer width, any float width, String/Categorical/Enum; an all-null column fits all)."""
+    g = _dtype_family(got)
+    return g == "null" or g == _dtype_family(want)
+
+
+def first_line(e: BaseException, limit: int = 300) -> str:
+    """``Type: message`` of an exception, first line only (polars appends its query plan on the next lines)."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {text[:limit]}"
+
+
 def scan_trace(path: str | os.PathLike[str]) -> pl.LazyFrame:
     """Lazy scan with missing columns added as nulls (older files)."""
     read_metadata(path)
@@ -497,6 +523,15 @@ def scan_trace(path: str | os.PathLike[str]) -> pl.LazyFrame:
     if absent:
         raise InputError(
             f"{path}: not a tracekit trace (missing column(s) {', '.join(absent)}); convert the source with `tracekit convert`"
+        )
+    schema = lf.collect_schema()
+    bad = [(n, schema[n]) for n in have if n in POLARS_SCHEMA and not _compatible(schema[n], POLARS_SCHEMA[n])]
+    if bad:
+        n, got = bad[0]
+        raise InputError(
+            f"{path}: column {n!r} has type {got}, expected {POLARS_SCHEMA[n]}"
+            + (f" (and {len(bad) - 1} more column(s))" if len(bad) > 1 else "")
+            + "; the file was changed after tracekit wrote it; re-convert the source with `tracekit convert`"
         )
     missing = [n for n in COLUMN_NAMES if n not in have]
     if missing:
@@ -513,5 +548,5 @@ def read_trace(path: str | os.PathLike[str], *, ranks: Iterable[int] | None = No
     try:
         df = lf.collect()
     except Exception as e:  # noqa: BLE001
-        raise InputError(f"{path}: unreadable trace data ({type(e).__name__}: {e}); re-convert the source") from None
+        raise InputError(f"{path}: unreadable trace data ({first_line(e)}); re-convert the source") from None
     return df, meta

@@ -40,6 +40,7 @@ from tracekit.analysis.breakdown import (breakdown_finish, compute_breakdown, ke
 from tracekit.analysis.findings import basic_candidates, basic_findings, rank_findings
 from tracekit.analysis.gaps import SYNC_REGEX, host_activity
 from tracekit.analysis.result import AnalysisResult
+from tracekit.schema import first_line
 from tracekit.analysis.window import Window, parse_time_range, select_window, trace_overview
 
 __all__ = ["basic_findings", "ANALYSIS_COLUMNS", "analysis_rows_expr", "FrameSource", "ScanSource", "run_analysis", "ANALYSIS_VERSION"]
@@ -202,7 +203,7 @@ def run_analysis(
     except InputError:
         raise
     except Exception as e:  # noqa: BLE001 - a corrupt file fails in the first scan
-        raise InputError(f"{path}: unreadable trace data ({type(e).__name__}: {e}); re-convert the source") from None
+        raise InputError(f"{path}: unreadable trace data ({first_line(e)}); re-convert the source") from None
     tr = None
     if window:
         origin = (meta.get("window_ns") or [None])[0]

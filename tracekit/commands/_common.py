@@ -12,7 +12,14 @@ from tracekit._errors import TracekitError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-__all__ = ["handle_errors", "at_least"]
+__all__ = ["handle_errors", "at_least", "interrupt_reported"]
+
+_REPORTED = [False]
+
+
+def interrupt_reported() -> bool:
+    """Whether a command already printed ``tracekit: interrupted`` in this process (then the CLI prints nothing more)."""
+    return _REPORTED[0]
 
 
 def at_least(option: str, value: int | None, lo: int) -> None:
@@ -30,6 +37,8 @@ def handle_errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from tracekit.schema import guard_inputs
 
+        _REPORTED[0] = False
+
         try:
             with guard_inputs():  # no output of this command may replace a file it reads
                 return fn(*args, **kwargs)
@@ -38,6 +47,7 @@ def handle_errors(fn: F) -> F:
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
             print("tracekit: interrupted", file=sys.stderr)
+            _REPORTED[0] = True
             raise typer.Exit(130) from None
 
     return wrapper  # type: ignore[return-value]

@@ -547,8 +547,42 @@ def _read_streaming(p: Path, rank: int | None, exact: bool | None) -> tuple[pl.D
     return _assemble(frames, meta, unknown, rank, p)
 
 
+_BOM = b"\xef\xbb\xbf"
+_BYTE_AT = re.compile(r"\(byte (\d+)\)")
+
+
+def _where(data: bytes, off: int) -> str:
+    """``line L, column C (byte N) near '...'`` for a byte offset into the decompressed text."""
+    off = max(0, min(off, len(data)))
+    line = data.count(b"\n", 0, off) + 1
+    col = off - (data.rfind(b"\n", 0, off) + 1) + 1
+    near = data[max(0, off - 24): off + 24].decode("utf-8", "replace").replace("\n", " ")
+    return f"line {line}, column {col} (byte {off}) near {near!r}"
+
+
+def _json_error(p: Path, data: bytes, e: Exception) -> InputError:
+    """A decode error that says where: line, column and the text there; NaN/Infinity and bad UTF-8 by name."""
+    m = _BYTE_AT.search(str(e))
+    if m:
+        off = int(m.group(1))
+        tok = data[off: off + 9]
+        if tok.startswith((b"NaN", b"Infinity", b"-Infinity")):
+            return InputError(f"{p}: {tok.split(b',')[0].split(b'}')[0].decode()} is not a JSON number, at {_where(data, off)}; "
+                              "the writer emitted a non-finite value; replace it with null or re-export the trace")
+        return InputError(f"{p}: invalid JSON at {_where(data, off)}; the file is corrupt or truncated")
+    if "UTF-8" in str(e):
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as u:
+            return InputError(f"{p}: invalid UTF-8 byte 0x{data[u.start]:02x} at {_where(data, u.start)}; "
+                              "the file is corrupt; re-copy it or fix that byte")
+    return InputError(f"{p}: invalid JSON ({e}); the file is corrupt or truncated")
+
+
 def _read_whole(p: Path, rank: int | None, exact: bool | None) -> tuple[pl.DataFrame, dict[str, Any]]:
     data = _read_bytes(p)
+    if data.startswith(_BOM):  # a UTF-8 byte-order mark (some editors and Windows tools write one): not part of the JSON
+        data = data[len(_BOM):]
     if not data.strip():
         raise InputError(f"{p}: empty file; re-export the trace")
     try:
@@ -558,7 +592,16 @@ def _read_whole(p: Path, rank: int | None, exact: bool | None) -> tuple[pl.DataF
     except msgspec.DecodeError as e:
         if data.lstrip()[:1] == b"[":
             raise InputError(f"{p}: a bare JSON array is not supported; wrap it as {{\"traceEvents\": [...]}}") from None
-        raise InputError(f"{p}: invalid JSON ({e}); the file is corrupt or truncated") from None
+        raise _json_error(p, data, e) from None
+    try:
+        return _read_events(p, data, top, rank, exact)
+    except InputError as e:
+        if "UTF-8" in str(e) or "malformed" in str(e):
+            raise _json_error(p, data, e) from None
+        raise
+
+
+def _read_events(p: Path, data: bytes, top: _Top, rank: int | None, exact: bool | None) -> tuple[pl.DataFrame, dict[str, Any]]:
     meta = _rank_meta(top, p)
     raw_events = memoryview(top.traceEvents)  # zero-copy view into the decompressed text
     del top

@@ -1,0 +1,177 @@
+"""Ctrl-C during long commands (issue 20): the first SIGINT stops convert, analyze and timeline with
+exit 130 and one line ``tracekit: interrupted``; no partial output, the previous output unchanged,
+no temp file or part directory left.
+
+Each command runs as a real process on a synthetic 1-rank trace (about 0.5 M events, built with
+benchmarks/gen_synthetic.py) and gets SIGINT at several points spread over its measured run time
+(reading, finalizing, writing). A point the command had already finished before is skipped; at
+least two points per command must have interrupted it. A capture's Ctrl-C (write what was
+collected, exit 0) is covered in test_capture_faults.py::test_signal_during_capture.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from gen_synthetic import write_synthetic_kineto  # noqa: E402
+
+pytestmark = pytest.mark.timeout(600)
+
+FRACTIONS = (0.1, 0.35, 0.6, 0.85)
+
+
+def _exe() -> list[str]:
+    script = Path(sys.executable).with_name("tracekit")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "tracekit.cli"]
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, COLUMNS="200", NO_COLOR="1", TERM="dumb")
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory) -> tuple[Path, Path, float]:
+    """(source dir, its trace.parquet, seconds one convert takes)."""
+    d = tmp_path_factory.mktemp("big")
+    write_synthetic_kineto(d / "src", 1, 120_000, compress=False)
+    out = d / "trace.parquet"
+    t = time.perf_counter()
+    p = subprocess.run([*_exe(), "convert", d / "src", "-o", out, "-q"], capture_output=True, text=True, env=_env())
+    assert p.returncode == 0, p.stderr
+    return d / "src", out, time.perf_counter() - t
+
+
+def _leftovers(d: Path) -> list[str]:
+    return sorted(n for n in os.listdir(d) if n.startswith(".") and (".tmp" in n or n.startswith(".tracekit-parts-")))
+
+
+def _sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def _interrupt(cmd: list[str | Path], delay: float, *, ignore_sigint: bool = False, group: bool = False) -> tuple[int | None, str]:
+    """Run ``cmd``, send SIGINT after ``delay`` s; (exit code, stderr), or (None, '') if it ended first."""
+    pre = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None
+    p = subprocess.Popen([*_exe(), *map(str, cmd)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         env=_env(), preexec_fn=pre, start_new_session=group)
+    time.sleep(delay)
+    if p.poll() is not None:
+        p.communicate()
+        return None, ""
+    if group:
+        os.killpg(p.pid, signal.SIGINT)
+    else:
+        p.send_signal(signal.SIGINT)
+    t = time.perf_counter()
+    _, err = p.communicate(timeout=60)
+    assert time.perf_counter() - t < 20, "the first Ctrl-C must stop the command promptly"
+    return p.returncode, err
+
+
+def _check_interrupted(rc: int | None, err: str) -> None:
+    assert rc == 130, (rc, err[-2000:])
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert lines == ["tracekit: interrupted"], err[-2000:]
+
+
+def _run_points(make_cmd, seconds: float, out: Path | None, previous: bytes | None, **kw) -> int:
+    hit = 0
+    for f in FRACTIONS:
+        if out is not None and previous is not None:
+            out.write_bytes(previous)
+        rc, err = _interrupt(make_cmd(), max(0.3, f * seconds), **kw)
+        if rc is None:
+            continue
+        if rc == -signal.SIGINT and not err.strip():
+            # the signal came while the interpreter was exiting (SIGINT back to its default): the work was done
+            if out is not None and out.suffix == ".parquet":
+                from tracekit.schema import read_metadata
+
+                read_metadata(out)  # a complete trace, never a partial one
+            continue
+        _check_interrupted(rc, err)
+        hit += 1
+        if out is not None:
+            if previous is None:
+                assert not out.exists()
+            else:
+                assert out.read_bytes() == previous, "the previous output was replaced"
+            assert _leftovers(out.parent) == []
+    return hit
+
+
+def test_sigint_during_convert_keeps_the_previous_output(big, tmp_path: Path) -> None:
+    src, trace, secs = big
+    out = tmp_path / "trace.parquet"
+    previous = trace.read_bytes()
+    hit = _run_points(lambda: ["convert", src, "-o", out, "--force", "-q"], secs, out, previous)
+    assert hit >= 2, f"convert ({secs:.1f} s) finished before most signals"
+
+
+def test_sigint_during_convert_without_previous_output(big, tmp_path: Path) -> None:
+    src, _trace, secs = big
+    out = tmp_path / "new.parquet"
+    hit = _run_points(lambda: ["convert", src, "-o", out, "-q"], secs, out, None)
+    assert hit >= 2
+
+
+def test_sigint_when_started_with_sigint_ignored(big, tmp_path: Path) -> None:
+    """A script's background job (`tracekit convert ... &`) inherits SIGINT ignored: Ctrl-C still stops it."""
+    src, trace, secs = big
+    out = tmp_path / "trace.parquet"
+    out.write_bytes(trace.read_bytes())
+    before = _sha(out)
+    rc, err = _interrupt(["convert", src, "-o", out, "--force", "-q"], 0.4 * secs, ignore_sigint=True)
+    assert rc is not None
+    _check_interrupted(rc, err)
+    assert _sha(out) == before and _leftovers(tmp_path) == []
+
+
+def test_sigint_to_the_process_group_with_jobs(big, tmp_path: Path) -> None:
+    """Ctrl-C in a terminal reaches the whole group: -j workers ignore it, the parent stops them, one line."""
+    src, _trace, secs = big
+    two = tmp_path / "two"
+    two.mkdir()
+    f = next(src.iterdir())
+    for r in (0, 1):
+        shutil.copy(f, two / f"rank{r}.json")
+    out = tmp_path / "trace.parquet"
+    hit = 0
+    for frac in (0.3, 0.7):
+        rc, err = _interrupt(["convert", two, "-o", out, "-j", "2", "-q"], max(1.0, frac * secs * 1.5), group=True)
+        if rc is None:
+            continue
+        _check_interrupted(rc, err)
+        assert not out.exists() and _leftovers(tmp_path) == []
+        hit += 1
+    assert hit >= 1
+
+
+def test_sigint_during_analyze(big) -> None:
+    _src, trace, _secs = big
+    t = time.perf_counter()
+    p = subprocess.run([*_exe(), "analyze", trace, "--json"], capture_output=True, text=True, env=_env())
+    assert p.returncode == 0, p.stderr
+    secs = time.perf_counter() - t
+    assert _run_points(lambda: ["analyze", trace], secs, None, None) >= 2
+
+
+def test_sigint_during_timeline_keeps_the_previous_page(big, tmp_path: Path) -> None:
+    _src, trace, _secs = big
+    out = tmp_path / "t.html"
+    t = time.perf_counter()
+    p = subprocess.run([*_exe(), "timeline", trace, "-o", out], capture_output=True, text=True, env=_env())
+    assert p.returncode == 0, p.stderr
+    secs = time.perf_counter() - t
+    previous = out.read_bytes()
+    assert _run_points(lambda: ["timeline", trace, "-o", out, "--force"], secs, out, previous) >= 2
