@@ -210,3 +210,86 @@ def test_fifo_given_to_analyze_is_refused(tmp_path: Path) -> None:
     os.mkfifo(f)
     for args in (("analyze", f), ("timeline", f, "-o", tmp_path / "x.html"), ("replay", f), ("export", f, "--perfetto", tmp_path / "x.json")):
         assert_clean_error(run(*args), "t.parquet", "FIFO", code=2)
+
+
+# ---- messages that say where ------------------------------------------------------------------
+
+
+def _text(tf0: dict) -> bytes:
+    import gzip
+
+    return gzip.decompress(TF0.read_bytes())
+
+
+def test_nan_is_located_by_line_and_column(tmp_path: Path, tf0: dict) -> None:
+    raw = _text(tf0)
+    i = raw.find(b'"dur": ', len(raw) // 2)
+    j = raw.find(b",", i)
+    f = tmp_path / "rank0.json"
+    f.write_bytes(raw[:i] + b'"dur": NaN' + raw[j:])
+    msg = assert_clean_error(run("convert", f, "-o", tmp_path / "t.parquet"), "rank0.json", "NaN", "line", "column",
+                             f"byte {i + 7}", code=2)
+    assert '"dur": NaN' in msg
+
+
+def test_bom_is_accepted(tmp_path: Path, tf0: dict) -> None:
+    f = tmp_path / "rank0.json"
+    f.write_bytes(b"\xef\xbb\xbf" + _text(tf0))
+    out, q = _convert_ok(f, tmp_path)
+    assert "4810 rows" in out
+
+
+def test_one_bad_byte_in_a_kernel_name_is_located(tmp_path: Path, tf0: dict) -> None:
+    raw = _text(tf0)
+    i = raw.find(b'"name": "', raw.find(b'"cat": "kernel"', len(raw) // 2)) + 10
+    f = tmp_path / "rank0.json"
+    f.write_bytes(raw[:i] + b"\xff" + raw[i + 1:])
+    assert_clean_error(run("convert", f, "-o", tmp_path / "t.parquet"), "rank0.json", "UTF-8", "0xff", f"byte {i}", code=2)
+
+
+@pytest.fixture(scope="module")
+def good_parquet(tmp_path_factory, tf0: dict) -> Path:
+    d = tmp_path_factory.mktemp("good2")
+    src = dump(tf0, d / "rank0.json.gz")
+    out = d / "trace.parquet"
+    assert run("convert", src, "-o", out, "-q").returncode == 0
+    return out
+
+
+@pytest.mark.parametrize("col, to", [("dur_ns", "str"), ("ts_ns", "float"), ("kind", "int")])
+def test_parquet_with_footer_but_wrong_column_type(tmp_path: Path, good_parquet: Path, col: str, to: str) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(good_parquet)
+    md = pq.read_metadata(good_parquet).metadata
+    vals = t.column(col).to_pylist()
+    arr = {"str": lambda: pa.array([str(v) for v in vals]), "float": lambda: pa.array([float(v) for v in vals]),
+           "int": lambda: pa.array(list(range(len(vals))))}[to]()
+    t = t.set_column(t.schema.get_field_index(col), col, arr)
+    t = t.replace_schema_metadata({b"tracekit": md[b"tracekit"]})
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(t, bad)
+    for args in (("analyze", bad), ("timeline", bad, "-o", tmp_path / "x.html"), ("replay", bad),
+                 ("export", bad, "--perfetto", tmp_path / "x.json"), ("diff", good_parquet, bad)):
+        assert_clean_error(run(*args), "bad.parquet", f"column '{col}' has type", "re-convert", code=2)
+
+
+@pytest.mark.parametrize(
+    "name, text, words",
+    [
+        ("bad.yaml", "rules:\n  - pattern: [unclosed\n    : : :\n", ["invalid YAML", "line 3"]),
+        ("list.yaml", "- 1\n- 2\n", ["rules[0] needs id, category and regex"]),
+        ("scalar.yaml", "42\n", ["'rules' list"]),
+        ("types.yaml", "rules:\n  - {id: 1, category: gemm, regex: 5}\n", ["must be text"]),
+        ("ctx.json", '{"rules": [], "context": [5]}', ["context[0]"]),
+        ("bin.yaml", b"\xff\xfe\x00bad", ["not UTF-8"]),
+    ],
+)
+def test_malformed_rules_files(tmp_path: Path, tf0: dict, name: str, text, words: list[str]) -> None:
+    if name.endswith(".yaml"):
+        pytest.importorskip("yaml")
+    r = tmp_path / name
+    r.write_bytes(text if isinstance(text, bytes) else text.encode())
+    src = dump(tf0, tmp_path / "rank0.json.gz")
+    assert_clean_error(run("convert", src, "-o", tmp_path / "t.parquet", "--rules", r), name, *words, code=2)
