@@ -62,6 +62,7 @@ def _name_flags(df: pl.DataFrame, gpu: pl.Expr) -> pl.DataFrame:
         (n.str.contains(COMBINE_REGEX) | sum_reduce).alias("_combine"),
         (n.str.contains(NORM_ANCHOR_REGEX)).alias("_norm"),
         (n.str.contains(r"(?i)softmax")).alias("_softmax"),
+        (n.str.contains(r"(?i)gemm|gemv|nvjet|cutlass|xmma|^Cijk_|splitKreduce")).alias("_gemmname"),
     )
 
 
@@ -87,12 +88,13 @@ def apply_moe_structure(df: pl.DataFrame) -> pl.DataFrame:
     kernel = pl.col("_kind") == "kernel"
     by_name = ~pl.col("_fam").fill_null("").str.starts_with("ctx.")
     ops = ops.with_columns(
-        (kernel & pl.col("_topk").fill_null(False) & by_name).alias("_topk"),
+        (kernel & pl.col("_topk").fill_null(False)).alias("_topk"),
         (kernel & pl.col("_probs").fill_null(False)).alias("_probs"),
         (kernel & pl.col("_combine").fill_null(False)).alias("_combine"),
         (kernel & pl.col("_norm").fill_null(False)).alias("_norm"),
         (kernel & pl.col("_softmax").fill_null(False)).alias("_softmax"),
-        (kernel & pl.col("_cat").is_in(_GEMM_CATS)).alias("_gemm"),
+        # a GEMM by its name rule, or one a context rule already re-attributed (e.g. the gate GEMM in a router range)
+        (kernel & (pl.col("_cat").is_in(_GEMM_CATS) | (~by_name & pl.col("_gemmname").fill_null(False)))).alias("_gemm"),
     )
     pos = pl.col("_pos")
 
