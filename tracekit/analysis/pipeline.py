@@ -237,6 +237,8 @@ def run_analysis(
         del df
     tables: dict[str, Any] = {}
     extra: dict[str, Any] = crossrank.cross_rank_finish(plan, cr_parts, tables) if plan is not None else {}
+    if plan is not None:
+        _add_next_win(source, ov, meta, extra)
     bd = breakdown_finish(bd_parts, win, split=split)
     totals = merge_kernel_totals(kt_parts) if kt_parts else None
     sections = _result(meta, win, bd, totals, top, extra, quality)
@@ -296,6 +298,27 @@ def _result(meta: Mapping[str, Any], win: Window, bd: Any, totals: pl.DataFrame 
     res["findings"] = rank_findings(base + list(cands or []), residual_ns=resid)
     res["quality"] = _once([q.to_json() for q in quality])
     return res
+
+
+def _add_next_win(source: FrameSource | ScanSource, ov: Any, meta: Mapping[str, Any], extra: dict[str, Any]) -> None:
+    """The ``next_win`` section (tracekit.analysis.nextwin) and its finding, through the one ranker."""
+    from tracekit.analysis.findings import Finding
+    from tracekit.analysis.nextwin import MAX_ROWS, next_win, next_win_finding
+
+    cpu = bool(ov.cpu_ranks) and not bool(ov.ranks["has_gpu"].any())
+    view = {**extra, "device_mode": "cpu" if cpu else meta.get("device_mode", "gpu")}
+    df = None
+    if not cpu:
+        if isinstance(source, FrameSource):
+            df = source.df
+        elif int(ov.ranks["rows"].sum()) <= MAX_ROWS:
+            df = _collect(source.lazy(), getattr(source, "path", "trace"))
+    nw = next_win(df, meta, view)
+    del df
+    extra["next_win"] = nw
+    s = next_win_finding(nw)
+    if s:
+        extra.setdefault("_candidates", []).append(Finding("next_win", s, 1e15))
 
 
 def _once(items: list[dict[str, Any]]) -> list[dict[str, Any]]:

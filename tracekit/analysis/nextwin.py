@@ -1,0 +1,122 @@
+""""Next win": the changes the analysis suggests, ranked by the step time replay predicts for each.
+
+Candidates come from the analysis' own verdicts (:func:`candidates`):
+
+* **MoE GEMM at its roofline** — ``moe_gemm=<f>`` with f = the MoE GEMM verdict's roofline fraction (a bound, so the
+  predicted gain is a lower bound); skipped when the bound already reaches the roofline;
+* **host syncs removed** — ``no-host-sync``, when idle time after host syncs or host-sync stalls were found;
+* **CUDA graphs** — ``cuda-graph``, unless the capture already replays graphs;
+* **allreduce at NVLink speed** — ``allreduce=bw:<B>,lat:8us`` when the interconnect verdict names a slower path;
+  allreduce *fusion* is not a replay scenario: its saving comes from the interconnect verdict and is listed unreplayed.
+
+:func:`next_win` replays them (:func:`tracekit.replay.api.replay`, calibrated to the unprofiled timing when the capture
+has one) and ranks them by predicted gain; a scenario that predicts no gain is listed under ``skipped`` with the reason.
+Replay needs GPU ops: on a CPU-mode trace the section says so.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import polars as pl
+
+from tracekit.analysis.gpus import gpu_peaks
+
+__all__ = ["candidates", "next_win", "next_win_finding", "MAX_ROWS"]
+
+#: traces with more rows than this are not replayed inside ``analyze`` (``tracekit replay`` does it)
+MAX_ROWS = 3_000_000
+
+
+def candidates(res: Mapping[str, Any], meta: Mapping[str, Any] | None) -> tuple[list[tuple[str, str]], list[dict[str, str]]]:
+    """(spec, what) scenarios to replay, and skipped ideas with the reason."""
+    specs: list[tuple[str, str]] = []
+    skipped: list[dict[str, str]] = []
+    mg = res.get("moe_gemm") or {}
+    if mg.get("status") == "ok":
+        r = max(mg["ranks"], key=lambda x: x["gpu_ns"])
+        f = (r.get("roofline_pct_max") or 100.0) / 100.0
+        if f < 0.98:
+            specs.append((f"moe_gemm={f:.3f}", "MoE GEMM at its roofline"))
+        else:
+            skipped.append({"what": "MoE GEMM at its roofline", "why": "its roofline bound is already reached (weight bytes are a bound)"})
+    else:
+        skipped.append({"what": "MoE GEMM at its roofline", "why": f"no MoE GEMM verdict ({mg.get('status', 'absent')})"})
+    sync = sum(int(c.get("host_sync", 0)) for c in (res.get("idle_causes_ns") or {}).values())
+    sync_stall = any(s.get("cause") == "host_sync" for s in (res.get("collectives") or {}).get("stall_summary") or [])
+    if sync or sync_stall:
+        specs.append(("no-host-sync", "host syncs removed"))
+    else:
+        skipped.append({"what": "host syncs removed", "why": "no idle time after host syncs"})
+    cap = (meta or {}).get("capture") or {}
+    graphs = bool((((cap.get("workload") or {}).get("serve") or {}).get("cuda_graphs"))) if isinstance(cap, Mapping) else False
+    if graphs:
+        skipped.append({"what": "CUDA graphs", "why": "the capture already replays CUDA graphs"})
+    else:
+        specs.append(("cuda-graph", "CUDA graphs"))
+    for row in res.get("interconnect") or []:
+        if row.get("path") and row["path"] != "NVLink" and row.get("coll_name") == "allreduce":
+            nv = (row.get("model_bus_bw_bytes_per_s") or {}).get("NVLink")
+            p = gpu_peaks(((meta or {}).get("ranks") or [{}])[0].get("device_name")) if (meta or {}).get("ranks") else None
+            b = p.nvlink_bytes_per_s if p and p.nvlink_bytes_per_s else None
+            if nv and b:
+                specs.append((f"allreduce=bw:{b / 1e9:.0f}GB/s,lat:8us", f"allreduce at NVLink speed (now {row['path']})"))
+        if row.get("fusion_saving_ns_per_step"):
+            skipped.append({"what": f"{row['coll_name']} fusion ({row.get('calls_per_step') or 0:.0f} calls per step)",
+                            "why": f"not a replay scenario; the interconnect model saves ~{row['fusion_saving_ns_per_step'] / 1e3:.0f} µs per step"})
+    return specs, skipped
+
+
+def next_win(df: pl.DataFrame | None, meta: Mapping[str, Any] | None, res: Mapping[str, Any], *, top: int = 4) -> dict[str, Any]:
+    """The ``next_win`` section: baseline, ranked ``rows`` (spec, what, step_ns_p50, tokens_per_s, change), ``skipped``."""
+    specs, skipped = candidates(res, meta)
+    if res.get("device_mode") == "cpu":
+        return {"status": "cpu_mode", "why": "replay models GPU streams and kernel launches; a CPU-mode trace has neither "
+                                             "(its operators run on the host thread), so no change can be replayed", "rows": [],
+                "skipped": skipped}
+    if df is None:
+        return {"status": "not_replayed", "why": f"trace larger than {MAX_ROWS:,} rows: run `tracekit replay` with --what-if "
+                + " ".join(s for s, _ in specs), "rows": [], "skipped": skipped}
+    if not specs:
+        return {"status": "no_candidates", "rows": [], "skipped": skipped}
+    from tracekit._errors import TracekitError
+    from tracekit.replay.api import replay
+
+    try:
+        r = replay(df, dict(meta or {}), [s for s, _ in specs])
+    except (TracekitError, ValueError, KeyError) as e:
+        return {"status": "replay_failed", "why": f"{type(e).__name__}: {e}", "rows": [], "skipped": skipped}
+    base = r.baseline
+    rows = []
+    for (spec, what), p in zip(specs, r.what_if):
+        row = {"spec": spec, "what": what, "step_ns_p50": p.step_ns_p50, "tokens_per_s": p.tokens_per_s, "change": p.change,
+               "within_noise": p.within_noise}
+        if p.change < 0 and not p.within_noise:
+            rows.append(row)
+        else:
+            why = "inside the noise floor" if p.within_noise else f"replay predicts {p.change:+.0%}"
+            skipped.append({"what": what, "why": f"no predicted gain ({why})"})
+    rows.sort(key=lambda x: x["change"])
+    return {"status": "ok", "baseline": {"step_ns_p50": base["step_ns_p50"], "tokens_per_s": base.get("tokens_per_s"),
+                                         "calibrated": r.calibrated, "measured_step_ns_p50": base.get("measured_step_ns_p50")},
+            "rows": rows[:top], "skipped": skipped}
+
+
+def next_win_finding(nw: Mapping[str, Any]) -> str | None:
+    """One sentence: the ranked list with predicted step time and tokens/s, or why there is none."""
+    if nw.get("status") == "cpu_mode":
+        return f"Next win: not replayed — {nw['why']}."
+    if nw.get("status") != "ok" or not nw.get("rows"):
+        return None
+    b = nw["baseline"]
+
+    def tps(x: float | None) -> str:
+        return f", {x:,.0f} tokens/s" if x else ""
+
+    items = [f"{i}. {r['what']}: step {r['step_ns_p50'] / 1e6:.2f} ms ({r['change']:+.0%}){tps(r['tokens_per_s'])}"
+             for i, r in enumerate(nw["rows"], 1)]
+    cal = "calibrated replay" if b.get("calibrated") else "uncalibrated replay"
+    none = [f"{x['what']} ({x['why']})" for x in nw.get("skipped") or [] if x["why"].startswith("no predicted gain")]
+    tail = f" Not predicted to shorten the step: {'; '.join(none)}." if none else ""
+    return (f"Next win ({cal}, now {b['step_ns_p50'] / 1e6:.2f} ms per step{tps(b.get('tokens_per_s'))}): " + "; ".join(items)
+            + "." + tail)
