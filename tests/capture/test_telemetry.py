@@ -183,3 +183,47 @@ def test_thread_samples_and_stops():
     assert n >= 3
     time.sleep(0.03)
     assert len(_rows(s, "power_w")) == n  # stopped
+
+
+class _ManyGPUs(FakeNVML):
+    def __init__(self, n: int) -> None:
+        super().__init__([0] * 100, [0] * 100, list(range(1, 101)))
+        self.n = n
+
+    def nvmlDeviceGetCount(self) -> int:
+        return self.n
+
+    def nvmlDeviceGetUUID(self, h: str) -> bytes:
+        return f"GPU-{h[1:]}abc".encode()
+
+
+def test_visible_gpus_follow_cuda_visible_devices():
+    from tracekit.capture.telemetry import visible_gpus
+
+    nv = _ManyGPUs(4)
+    assert visible_gpus(nv, {}) == [0, 1, 2, 3]
+    assert visible_gpus(nv, {"CUDA_VISIBLE_DEVICES": "2,0"}) == [2, 0]  # CUDA ordinal order
+    assert visible_gpus(nv, {"CUDA_VISIBLE_DEVICES": "1,-1,3"}) == [1]  # CUDA stops at an invalid index
+    assert visible_gpus(nv, {"CUDA_VISIBLE_DEVICES": "GPU-3"}) == [3]
+    assert visible_gpus(nv, {"CUDA_VISIBLE_DEVICES": ""}) == []
+
+
+def test_local_telemetry_opens_visible_gpus_or_says_why():
+    from tracekit.capture.telemetry import LocalTelemetry
+
+    lt = LocalTelemetry(nvml=_ManyGPUs(4), env={"CUDA_VISIBLE_DEVICES": "3,1"}, clock=Clock())
+    assert lt.open()
+    assert [(s.rank, s.device) for s in lt.samplers] == [(0, 3), (1, 1)]  # (CUDA ordinal, NVML index)
+    for s in lt.samplers:
+        s.tick()
+    info = lt.info()
+    assert info["available"] and [g["nvml_index"] for g in info["gpus"]] == [3, 1] and info["gpus"][0]["power_limit_w"] == 700.0
+
+    class NoLib:
+        def nvmlInit(self) -> None:
+            raise OSError("libnvidia-ml.so.1: cannot open shared object file")
+
+    lt = LocalTelemetry(nvml=NoLib())
+    assert not lt.open() and "libnvidia-ml" in lt.reason and lt.info()["available"] is False
+    lt = LocalTelemetry(nvml=_ManyGPUs(2), env={"CUDA_VISIBLE_DEVICES": ""})
+    assert not lt.open() and lt.reason == "no GPU visible to the program"
