@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -112,34 +113,49 @@ def test_30s_small_op_program_10s_capture_bounded(tmp_path: Path):
     assert "capture complete; stopping the program" in text
 
 
-def test_ctrl_c_in_second_window_keeps_completed_windows(tmp_path: Path):
+@pytest.mark.parametrize("when", ["second_window", "export"])
+def test_ctrl_c_keeps_completed_windows(tmp_path: Path, when: str):
+    """Ctrl-C while window 1 records (acceptance), or while window 0 stops/exports (the export finishes first)."""
     out = tmp_path / "int.parquet"
-    cmd = [sys.executable, "-m", "tracekit.cli", "capture", "--steps-from", "forward#", "--window", "0.5s",
+    cmd = [sys.executable, "-m", "tracekit.cli", "capture", "--steps-from", "forward#",
+           "--window", "0.5s" if when == "second_window" else "1s",
            "--after", "finish", "-o", str(out), "--", sys.executable, str(PROGS / "small_ops.py"), "--seconds", "120"]
     p = subprocess.Popen(cmd, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     t_end = time.monotonic() + 120
-    first = None
+    # the export writes window 0 to a .part name first, then renames it
+    pattern = "tracekit-ext-*/rank0.win0.trace.json" if when == "second_window" else "tracekit-ext-*/.rank0.win0.part.json"
+    hit = None
     while time.monotonic() < t_end and p.poll() is None:
-        first = next(iter(tmp_path.glob("tracekit-ext-*/rank0.win0.trace.json")), None)
-        if first is not None:
+        hit = next(iter(tmp_path.glob(pattern)), None)
+        if hit is not None:
             break
-        time.sleep(0.05)
-    assert first is not None, "window 0 never completed"
-    time.sleep(0.3)  # window 1 is open now (it opens at the next step)
-    p.send_signal(signal.SIGINT)
+        time.sleep(0.01)
+    assert hit is not None, f"{pattern} never appeared"
+    if when == "second_window":
+        time.sleep(0.3)  # window 1 is open now (it opens at the next step)
+        p.send_signal(signal.SIGINT)  # to tracekit, which passes it on
+    else:  # straight to the program (no forwarding delay) while the export runs
+        state = json.loads(next(iter(hit.parent.glob("rank0.state.json"))).read_text())
+        os.kill(int(state["pid"]), signal.SIGINT)
     text, _ = p.communicate(timeout=150)
     assert p.returncode == 0, text[-3000:]
     df, meta = read_trace(out)
     wins = meta["capture"]["windows"]
-    assert [w["window"] for w in wins][:2] == [0, 1]
-    assert wins[0]["cut_by"] is None and wins[0]["steps"] > 0  # the completed window is kept whole
-    assert wins[1]["cut_by"] == "exit"  # the open one was closed and exported at exit
+    assert wins[0]["window"] == 0 and wins[0]["cut_by"] is None and wins[0]["steps"] > 0  # kept whole
+    if when == "second_window":
+        assert [w["window"] for w in wins] == [0, 1]
+        assert wins[1]["cut_by"] == "exit" and wins[1]["signals_held"] == 0  # closed and exported at exit
+    else:
+        assert wins[0]["signals_held"] == 1  # Ctrl-C arrived during the export, was held, delivered after
+        assert len(wins) <= 2
     codes = {q["code"] for q in meta["quality"]}
-    assert "capture_interrupted" in codes
     steps = df.filter((pl.col("kind") == "step") & pl.col("profiled"))
     w0 = steps.filter(pl.col("ts_ns").is_between(wins[0]["start_ns"], wins[0]["end_ns"]))
     assert w0.height == wins[0]["steps"]
-    assert "Ctrl-C: stopping the program" in text
+    if when == "second_window":
+        assert "capture_interrupted" in codes and "Ctrl-C: stopping the program" in text
+    else:
+        assert "capture_program_failed" in codes  # the program itself ended by KeyboardInterrupt
 
 
 class FakeNVML:

@@ -97,16 +97,18 @@ def step_rows(extras: dict[int, dict[str, Any]], steps_from: str | None = None) 
 
 
 def window_table(extras: dict[int, dict[str, Any]]) -> pl.DataFrame:
-    """One row per (rank, window): start/end ns, steps, late steps, stop/export seconds, JSON bytes."""
+    """One row per (rank, window): start/end ns, steps, late steps, stop/export seconds, JSON bytes, and the
+    signals that arrived during its stop/export (held, delivered after)."""
     rows = []
     for r, ex in sorted(extras.items()):
         for w in ex.get("windows") or []:
             rows.append({"rank": r, "window": int(w["k"]), "start_ns": int(w["start_ns"]), "end_ns": int(w["end_ns"]),
                          "steps": int(w.get("steps") or 0), "late_steps": int(w.get("late") or 0),
                          "stop_s": float(w.get("stop_s") or 0.0), "export_s": float(w.get("export_s") or 0.0),
-                         "bytes": int(w.get("bytes") or 0), "cut_by": w.get("cut_by"), "failed": bool(w.get("failed"))})
+                         "bytes": int(w.get("bytes") or 0), "signals_held": int(w.get("signals_held") or 0),
+                         "cut_by": w.get("cut_by"), "failed": bool(w.get("failed"))})
     schema = {"rank": pl.Int32, "window": pl.Int32, "start_ns": pl.Int64, "end_ns": pl.Int64, "steps": pl.Int64,
-              "late_steps": pl.Int64, "stop_s": pl.Float64, "export_s": pl.Float64, "bytes": pl.Int64,
+              "late_steps": pl.Int64, "stop_s": pl.Float64, "export_s": pl.Float64, "bytes": pl.Int64, "signals_held": pl.Int64,
               "cut_by": pl.String, "failed": pl.Boolean}
     return pl.DataFrame(rows, schema=schema)
 
