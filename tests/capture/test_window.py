@@ -209,3 +209,46 @@ def test_time_window_that_sees_a_step_closes_at_a_step_end():
     # whole steps: every window ends on a step end, so the steps counted are all it holds
     assert ctl.profiled_steps == sum(w["steps"] for w in ctl.windows)
     assert ctl.windows[0]["first_step"] == 0
+
+
+def test_two_ranks_steps_limit_same_windows_without_waiting_for_the_leader():
+    clock = Clock()
+    board = MemoryBoard()
+    spec = WindowSpec(steps=16, window_s=0.25, lookahead=2)  # windows of 13 + 2 steps, then a last one of 1
+    c0 = _ctl(spec, clock, FakeProfiler(clock), board=board, leader=True, world=2)
+    c1 = _ctl(spec, clock, FakeProfiler(clock), board=board.reader(), leader=False, world=2)
+    for _ in range(100):  # the follower runs one whole step ahead of the leader
+        c1.begin_step()
+        c1.end_step()
+        c0.begin_step()
+        clock.t += S // 50
+        c0.end_step()
+    k0 = [(w["first_step"], w["steps"]) for w in c0.windows]
+    k1 = [(w["first_step"], w["steps"]) for w in c1.windows]
+    assert [s for _f, s in k0] == [15, 1]
+    assert k0 == k1 and c1.profiled_steps == 16  # the last window too: it closes by its step budget
+
+
+def test_time_decided_close_applies_after_the_window_saw_a_step():
+    clock = Clock()
+    board = MemoryBoard()
+    spec = WindowSpec(window_s=0.5, duration_s=1.0, lead_s=0.05)
+    c0 = _ctl(spec, clock, FakeProfiler(clock), board=board, leader=True, world=2)
+    c1 = _ctl(spec, clock, FakeProfiler(clock), board=board.reader(), leader=False, world=2)
+    for _ in range(6):  # the program is still starting: windows open on time
+        c0.tick()
+        c1.tick()
+        clock.t += S // 20
+    assert c0.recording and c1.recording
+    clock.t += S // 4  # window_s passed: the leader decides a close on time (50 ms ahead) ...
+    c0.tick()
+    c1.tick()
+    for _ in range(40):  # ... but the first steps begin before that time comes
+        for c in (c0, c1):
+            c.begin_step()
+        clock.t += S // 20
+        for c in (c0, c1):
+            c.end_step()
+    for c in (c0, c1):
+        assert c.windows and c.windows[0]["end_ns"] - c.windows[0]["start_ns"] < 0.6 * S
+        assert c.done

@@ -227,7 +227,7 @@ class WindowController:
         if self.spec.start_at == "step" and self._past_delay(now):
             self._started = True
         if self.leader and self._may_open(now):
-            self._publish({"what": "open", "k": self._k, "step": self.step + self._la()})
+            self._publish({"what": "open", "k": self._k, "step": self.step + self._la(), "max_steps": self._left()})
         self._refresh()
         self._apply_open(now, step=self.step)
         if self._open is not None and self._open["mode"] == "time":
@@ -253,17 +253,19 @@ class WindowController:
         w = self._open
         if w is not None and w["mode"] == "step":
             c = self._plan.get(w["k"], {}).get("close")
-            if c is not None and c.get("step") is not None and self.step >= c["step"]:
+            if w.get("max_steps") is not None and w["steps"] >= w["max_steps"]:
+                self._close(now, late=0)  # every rank counts the same steps: no word from the leader needed
+            elif c is not None and c.get("step") is not None and self.step >= c["step"]:
                 self._close(now, late=self.step - c["step"])
+            elif c is not None and c.get("t_ns") is not None and now >= c["t_ns"]:
+                self._close(now, late=0)  # decided on time before the window saw its first step
         self._maybe_end(self.clock())
 
     def _close_step(self, now: int, w: dict[str, Any]) -> int | None:
-        """The leader's close decision at the end of ``self.step``: the step after which window ``w`` closes."""
+        """The leader's close decision at the end of ``self.step``: the step after which window ``w`` closes.
+
+        (``--steps`` needs no decision: every rank closes a window after its ``max_steps``.)"""
         la = self._la()
-        if self.spec.steps is not None:
-            left = self.spec.steps - self.profiled_steps
-            if left <= la:
-                return self.step + max(0, left)
         d = self.spec.duration_s
         if now - w["start_ns"] >= self.spec.window_s * 1e9 or (
             d is not None and self._capture_start_ns is not None and now - self._capture_start_ns >= d * 1e9
@@ -281,7 +283,7 @@ class WindowController:
             return
         self._started = True
         # every rank reaches its own first such range: each opens there, without the board
-        self._do_open(now, mode="step" if self.steps_seen else "time", late=0)
+        self._do_open(now, mode="step" if self.steps_seen else "time", late=0, max_steps=self._left())
 
     def tick(self) -> None:
         """Time-based boundaries (no steps in the program, or none in the window): call every few ms."""
@@ -290,7 +292,7 @@ class WindowController:
         now = self.clock()
         if self.leader:
             if self._may_open(now) and not self.steps_seen:
-                self._publish({"what": "open", "k": self._k, "t_ns": now + self._lead_ns()})
+                self._publish({"what": "open", "k": self._k, "t_ns": now + self._lead_ns(), "max_steps": self._left()})
             w = self._open
             if w is not None and w["mode"] == "time" and ("close", w["k"]) not in self._decided:
                 if self._capture_over(now) or now - w["start_ns"] >= self.spec.window_s * 1e9:
@@ -334,11 +336,14 @@ class WindowController:
         if item.get("step") is not None:
             if step is None or step < item["step"]:
                 return
-            self._do_open(now, mode="step", late=step - item["step"])
+            self._do_open(now, mode="step", late=step - item["step"], max_steps=item.get("max_steps"))
         elif item.get("t_ns") is not None and now >= item["t_ns"]:
-            self._do_open(now, mode="time", late=0)
+            self._do_open(now, mode="time", late=0, max_steps=item.get("max_steps"))
 
-    def _do_open(self, now: int, mode: str, late: int) -> None:
+    def _left(self) -> int | None:
+        return None if self.spec.steps is None else self.spec.steps - self.profiled_steps
+
+    def _do_open(self, now: int, mode: str, late: int, max_steps: int | None = None) -> None:
         try:
             self.backend.start()
         except Exception as e:  # noqa: BLE001 - no profiler: stop trying
@@ -349,7 +354,8 @@ class WindowController:
         if self._capture_start_ns is None:
             self._capture_start_ns = t
         first = self.step if self._in_step and mode == "step" else self.step + 1
-        self._open = {"k": self._k, "start_ns": t, "first_step": first, "steps": 0, "mode": mode, "late": late}
+        self._open = {"k": self._k, "start_ns": t, "first_step": first, "steps": 0, "mode": mode, "late": late,
+                      "max_steps": max_steps}
 
     def _close(self, now: int, late: int, cut: str | None = None) -> None:
         w = self._open
