@@ -170,3 +170,60 @@ def test_perfetto_gpu_windowed_fixture(tmp_path):
     assert got["cross_pid_flows"] == inst.height - inst.select("pg", "seq").unique().height > 0
     # NVML power / GPM SM activity / PCIe as counter tracks on both ranks
     assert got["counter_tracks"] >= 2 * 3 and got["counters"] > 0
+
+
+CHOOSER_PROBE = """<script>
+(function poll() {
+  var T = window.tkTimeline;
+  if (!T || !T.status.ok) { if (!T || !T.status.errors.length) { setTimeout(poll, 50); return; } }
+  var res = {ok: T.status.ok, errors: T.status.errors};
+  function done() {
+    var pre = document.createElement('pre'); pre.id = 'tk-probe'; pre.textContent = JSON.stringify(res);
+    document.body.appendChild(pre);
+  }
+  try {
+    var sel = document.getElementById('tk-chooser'), opts = Array.prototype.slice.call(sel.options);
+    function group(name) { return opts.filter(function (o) { return o.parentNode.label && o.parentNode.label.indexOf(name) === 0; }); }
+    var wins = group('profiler windows'), steps = group('profiled steps');
+    res.n_windows = wins.length; res.n_steps = steps.length;
+    var w = wins[wins.length - 1], s = steps[0];
+    res.win = [parseFloat(w.getAttribute('data-t0')), parseFloat(w.getAttribute('data-t1'))];
+    sel.selectedIndex = opts.indexOf(w); sel.dispatchEvent(new Event('change'));
+    setTimeout(function () {
+      res.range_win = T.gd._fullLayout[T.detailKey].range.slice();
+      var box = T.gd._fullLayout.shapes[T.boxShape];
+      res.box = [box.x0, box.x1];
+      var a = parseFloat(s.getAttribute('data-t0')), b = parseFloat(s.getAttribute('data-t1'));
+      res.labels_wide = T.status.labels;
+      var upd = {}; upd[T.detailKey + '.range'] = [a, a + (b - a) / 12];
+      Plotly.relayout(T.gd, upd).then(function () { return T.pending; }).then(function () {
+        res.labels_zoomed = T.status.labels;
+        res.label_text = (T.gd.data.filter(function (t) { return t.name === 'names'; })[0] || {text: []}).text.slice(0, 5);
+        done();
+      });
+    }, 1500);
+  } catch (e) { res.error = String(e); done(); }
+})();
+</script>"""
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not have_chromium(), reason="headless Chromium (/usr/bin/chromium) not installed")
+def test_browser_chooser_zooms_and_names_show_when_zoomed(tmp_path):
+    import re
+
+    df, meta = read_trace(FIX / "grouped.trace.parquet")
+    out = tmp_path / "g.html"
+    render_timeline(df, meta, None, out)
+    html = re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", out.read_text())
+    probe = tmp_path / "probe.html"
+    probe.write_text(html.replace("<head>", "<head>" + CHOOSER_PROBE, 1))
+    res = pre_json(run_page(probe), "tk-probe")
+    assert res["ok"] and not res.get("error") and res["errors"] == []
+    assert res["n_windows"] == 2 and res["n_steps"] == 10
+    a, b = res["win"]  # choosing the second profiler window zooms the detail lanes onto it ...
+    lo, hi = res["range_win"]  # (2 % padding, clipped to the embedded range)
+    assert lo <= a + 1e-6 and hi >= b - 1e-6 and hi - lo <= (b - a) * 1.05
+    assert res["box"] == pytest.approx(res["range_win"])  # ... and the overview's box follows
+    assert res["labels_zoomed"] > res["labels_wide"] >= 0 and res["labels_zoomed"] > 0  # names appear when zoomed in
+    assert all(isinstance(t, str) and t for t in res["label_text"])

@@ -130,8 +130,8 @@ def fit_tables(title: str, cols: Sequence[Col], rows: Sequence[Sequence[object]]
             t.add_column(Text(c.header), justify=c.justify or ("left" if text else "right"),  # type: ignore[arg-type]
                          width=widths[i], no_wrap=text, overflow="ellipsis" if text else "fold")
         for j, r in enumerate(rows):
-            t.add_row(*[r[i] if isinstance(r[i], Text) else Text(str(r[i])) for i in idx],
-                      style=(row_styles[j] if row_styles else None))
+            row_cells: list[Text] = [c if isinstance(c, Text) else Text(str(c)) for c in (r[i] for i in idx)]
+            t.add_row(*row_cells, style=(row_styles[j] if row_styles else None))
         head = Text(title if len(parts) == 1 else f"{title} ({n + 1}/{len(parts)})", style="italic")
         out.append(Group(head, t))  # the title wraps at the console width, not at a narrow table's
     return out

@@ -372,7 +372,8 @@ def choose_window(
         a0 = max((n - k) // 2, 0)
         lo, hi = int(ts[a0]), int(ends[min(a0 + k, n) - 1])
         return Window(lo, max(hi, lo + 1), f"the central {k} device ops" + (" of the middle profiled span" if spans else ""))
-    return Window(base_ns, end_ns, "the whole capture")
+    return Window(base_ns, end_ns, "the whole capture: it holds no device work (no kernels, copies or CPU-mode "
+                  "operators; a capture without a completed profiler window records only steps and counters)")
 
 
 def data_window(ops: pl.DataFrame, spans: Sequence[tuple[int, int]], view: Window, max_segments: int) -> Window:

@@ -198,6 +198,11 @@ def _findings_html(analysis: Mapping[str, Any]) -> str:
     return f"<h2>Top findings</h2><ol>{''.join(items)}</ol>"
 
 
+def _short_name(name: str, n: int = 160) -> str:
+    """A long template-heavy kernel name shortened for the table (the full name is the cell's tooltip)."""
+    return name if len(name) <= n else name[: n - 1] + "…"
+
+
 def _top_kernels_html(analysis: Mapping[str, Any]) -> str:
     tk = analysis.get("top_kernels")
     if not isinstance(tk, Mapping) or not tk:
@@ -209,7 +214,8 @@ def _top_kernels_html(analysis: Mapping[str, Any]) -> str:
                 rows.append((float(it["total_ns"]), str(cat), it))
     rows.sort(key=lambda r: -r[0])
     body = "".join(
-        f"<tr><td class=name>{esc(it.get('name', ''))}</td><td class=l>{esc(cat)}</td><td>{esc(it.get('count', ''))}</td>"
+        f"<tr><td class=name title='{esc(it.get('name', ''))}'>{esc(_short_name(str(it.get('name', ''))))}</td>"
+        f"<td class=l>{esc(cat)}</td><td>{esc(it.get('count', ''))}</td>"
         f"<td>{_fmt_ms(tot)}</td><td>{(it.get('mean_ns') or 0) / 1e3:,.1f}</td></tr>"
         for tot, cat, it in rows[:10])
     return ("<h2>Top kernels</h2><table><tr><th class=l>kernel</th><th class=l>category</th><th>count</th>"
