@@ -25,6 +25,7 @@ from tracekit.analysis.align import AlignResult, apply_offsets, solve_clock_offs
 from tracekit.analysis.collectives import (collective_ops, collective_quality, collective_summary, match_collectives,
                                            split_communication)
 from tracekit.analysis.efficiency import efficiency_finish, kernel_efficiency, moe_gemm_finish, moe_gemm_findings, moe_gemm_part
+from tracekit.analysis.experts import expert_load_finding, expert_load_finish, expert_load_part
 from tracekit.analysis.findings import Finding, cross_rank_candidates, rank_findings
 from tracekit.analysis.interconnect import interconnect_verdict
 from tracekit.analysis.gaps import IdleCauses, idle_causes, restrict_to_spans
@@ -40,7 +41,7 @@ __all__ = ["cross_rank_sections", "cross_rank_plan", "cross_rank_part", "cross_r
            "SECTION_KEYS"]
 
 SECTION_KEYS = ("stalls", "collectives", "idle_causes_ns", "idle_gaps", "pcie_phases", "power", "steps", "kernel_efficiency", "moe_gemm",
-                "interconnect", "findings")
+                "interconnect", "expert_load", "findings")
 
 
 
@@ -123,6 +124,7 @@ class CrossRankPart:
     steps: StepPart | None
     efficiency: pl.DataFrame
     moe: pl.DataFrame  # per (rank, step): MoE GEMM time, launches, tokens (efficiency.moe_gemm_part)
+    experts: pl.DataFrame  # per-expert loop input projections (experts.expert_load_part)
     extents: pl.DataFrame  # rank, w: device-op extent per rank in the window (findings)
     rows: int  # rows in the window
     gpu_rows: int  # GPU-op rows in the window (0 and rows > 0: CPU mode)
@@ -234,7 +236,8 @@ def cross_rank_part(df: pl.DataFrame, plan: CrossRankPlan, *, ranks: list[int] |
         ((pl.col("ts_ns") + pl.col("dur_ns")).max() - pl.col("ts_ns").min()).alias("w")).collect()
     gpu_rows = int(wdf.select(pl.col("kind").is_in(["kernel", "memcpy", "memset"]).sum()).item())
     moe = moe_gemm_part(wdf, meta)
-    return CrossRankPart(stalls, idle.totals, idle.largest, pcie, pw, st, eff, moe, ext, wdf.height, gpu_rows, observed)
+    return CrossRankPart(stalls, idle.totals, idle.largest, pcie, pw, st, eff, moe, expert_load_part(wdf), ext, wdf.height, gpu_rows,
+                         observed)
 
 
 def cross_rank_finish(plan: CrossRankPlan, parts: list[CrossRankPart], tables: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -282,6 +285,7 @@ def cross_rank_finish(plan: CrossRankPlan, parts: list[CrossRankPart], tables: d
         "steps": st.to_json(max_steps=max_items),
         "kernel_efficiency": _records(eff, 50),
         "moe_gemm": moe_gemm_finish([p.moe for p in parts], plan.meta),
+        "expert_load": expert_load_finish([p.experts for p in parts], plan.meta),
     }
     extents = _concat([p.extents for p in parts], {"rank": pl.Int64, "w": pl.Int64})
     wmap = {int(r): int(w) for r, w in zip(extents["rank"].to_list(), extents["w"].to_list())} if extents.height else {}
@@ -293,6 +297,9 @@ def cross_rank_finish(plan: CrossRankPlan, parts: list[CrossRankPart], tables: d
                                              ranks=len(wmap) or int(plan.meta.get("world_size") or 2))
     out["interconnect"] = ic_rows
     extra += [Finding("interconnect", t, w, subject=subj) for subj, w, t in ic_found]
+    el = expert_load_finding(out["expert_load"])
+    if el:
+        extra.append(Finding("expert_load", el, 0.6))
     cands = cross_rank_candidates(out, al.residual_ns, idle, pcie, pw, st, eff, wmap, cpu, observed, extra=extra)
     out["findings"] = rank_findings(cands, residual_ns=al.residual_ns)
     out["_candidates"] = cands  # for the one ranker in :mod:`tracekit.analysis.pipeline` (not JSON)
