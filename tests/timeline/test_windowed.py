@@ -227,3 +227,25 @@ def test_browser_chooser_zooms_and_names_show_when_zoomed(tmp_path):
     assert res["box"] == pytest.approx(res["range_win"])  # ... and the overview's box follows
     assert res["labels_zoomed"] > res["labels_wide"] >= 0 and res["labels_zoomed"] > 0  # names appear when zoomed in
     assert all(isinstance(t, str) and t for t in res["label_text"])
+
+
+CORPUS = Path(__file__).resolve().parents[1] / "corpus" / "fixtures"
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not have_chromium(), reason="headless Chromium (/usr/bin/chromium) not installed")
+@pytest.mark.parametrize("name", ["glm5_grouped_sdpa", "glm5_eager_sdpa"])
+def test_browser_gpu_corpus_trace_draws_500_ops(name, tmp_path):
+    """The transformers MoE Kineto corpus (1×H200): grouped_mm experts, and the eager per-expert loop (18k ops in view)."""
+    src = CORPUS / f"{name}.json.gz"
+    if not src.exists():
+        pytest.skip(f"{src} not in this checkout")
+    from tracekit.ingest.convert import convert
+
+    trace = tmp_path / f"{name}.parquet"
+    convert([src], trace)
+    got = _render_and_load(trace, tmp_path, f"timeline_corpus_{name}")
+    st = got["st"]
+    assert st["ok"] and st["errors"] == []
+    assert "representative" in got["res"]["window_reason"]
+    assert st["view"]["segments"] >= 500 and st["view"]["ops"] == got["res"]["ops_in_view"] >= 500, st["view"]

@@ -453,7 +453,7 @@ function buildDetail(ax) {
   traces.push({type: 'scattergl', mode: 'text', x: lab0.x, y: lab0.y, text: lab0.text, xaxis: ax.x, yaxis: ax.y,
                textfont: {size: 10, color: '#ffffff'}, hoverinfo: 'skip', showlegend: false, name: 'names'});
   window.tkTimeline.labelsFor = labelsFor;
-  var busyLOD = false;
+  var busyLOD = false, labelsShown = false, boxTimer = null;
   window.tkTimeline.relod = function (first) {
     var xa = gd._fullLayout[ax.x.replace('x', 'xaxis')];
     if (!xa || busyLOD) return Promise.resolve();
@@ -467,15 +467,22 @@ function buildDetail(ax) {
       }
     }
     var lb = labelsFor(r[0], r[1]);
-    idx.push(labelTrace); upd.x.push(lb.x); upd.y.push(lb.y); upd.text.push(lb.text);
-    if (window.tkTimeline.boxShape !== undefined && ovAx) {
-      var sh = {};
-      sh['shapes[' + window.tkTimeline.boxShape + '].x0'] = r[0]; sh['shapes[' + window.tkTimeline.boxShape + '].x1'] = r[1];
-      Plotly.relayout(gd, sh);
+    if (lb.text.length || labelsShown) {  // restyle the names only when there are (or were) any
+      idx.push(labelTrace); upd.x.push(lb.x); upd.y.push(lb.y); upd.text.push(lb.text);
+      labelsShown = lb.text.length > 0;
     }
+    if (window.tkTimeline.boxShape !== undefined && ovAx && !first) {
+      // the overview's box follows the detail view, once the zooming pauses (a relayout of its own)
+      clearTimeout(boxTimer);
+      boxTimer = setTimeout(function () {
+        var lay = {}, xr = gd._fullLayout[ax.x.replace('x', 'xaxis')].range;
+        lay['shapes[' + window.tkTimeline.boxShape + '].x0'] = xr[0]; lay['shapes[' + window.tkTimeline.boxShape + '].x1'] = xr[1];
+        Plotly.relayout(gd, lay);
+      }, 400);
+    }
+    if (!idx.length) return Promise.resolve();
     busyLOD = true;
-    return Plotly.restyle(gd, upd, idx).then(function () { busyLOD = false; },
-                                             function (e) { busyLOD = false; throw e; });
+    return Plotly.restyle(gd, upd, idx).then(function () { busyLOD = false; }, function (e) { busyLOD = false; throw e; });
   };
   window.tkTimeline.detailKey = ax.x.replace('x', 'xaxis');
   STATUS.segments += n;
