@@ -398,6 +398,10 @@ def diff_runs(
         q.add("diff_steps_one_side", "only one run has step rows; times compared per window, not per step")
     if b.ranks and a.ranks and len(b.ranks) != len(a.ranks):
         q.add("diff_rank_count", f"runs have different rank counts ({len(b.ranks)} vs {len(a.ranks)}); times are per-rank means")
+    from tracekit.analysis.comparable import comparability_notes
+
+    for code, msg in comparability_notes(before_meta, after_meta, before_kernels=b.kernels, after_kernels=a.kernels, labels=labels):
+        q.add(code, msg)  # device / source format / workload shape differ: say what the comparison still means
     sb, sa = _scale(b, basis), _scale(a, basis)
     res = DiffResult(
         before=b, after=a, basis=basis, scalars=_scalars(b, a), categories=_categories(b, a, sb, sa),

@@ -27,6 +27,30 @@ def parse_duration(text: str, flag: str = "--duration") -> float:
     return v * scale
 
 
+#: CPU ranks allowed per core without --oversubscribe (the tiny gloo workload shares cores well up to this)
+CPU_RANKS_PER_CORE = 4
+#: CPU ranks allowed at all, even with --oversubscribe (each is a process with its own torch)
+MAX_CPU_RANKS = 1024
+
+
+def check_cpu_ranks(device: str, world: int, oversubscribe: bool) -> None:
+    """Bound the CPU rank count by the cores (GPU ranks are bounded by the visible GPUs in resolve_device)."""
+    if device != "cpu":
+        return
+    import os
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - non-Linux
+        cores = os.cpu_count() or 1
+    limit = max(8, CPU_RANKS_PER_CORE * cores)
+    if world > MAX_CPU_RANKS:
+        raise UsageError(f"--ranks {world}: at most {MAX_CPU_RANKS} CPU ranks (one process each)")
+    if world > limit and not oversubscribe:
+        raise UsageError(f"--ranks {world}: at most {limit} CPU ranks on {cores} core(s) ({CPU_RANKS_PER_CORE} per core); "
+                         "pass --oversubscribe to run more")
+
+
 def _sglang_detected(url: str) -> bool:
     try:
         from tracekit.capture.sglang_client import detect_server
@@ -113,6 +137,7 @@ def register(app: typer.Typer) -> None:
         telemetry: bool = typer.Option(True, "--telemetry/--no-telemetry", help="NVML power/clock/PCIe sampler."),
         keep_raw: Optional[Path] = typer.Option(None, "--keep-raw", help="Also keep per-rank Kineto JSON and records here."),
         no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
+        oversubscribe: bool = typer.Option(False, "--oversubscribe", help=f"Allow more CPU ranks than {CPU_RANKS_PER_CORE} per core (at most {MAX_CPU_RANKS})."),
     ) -> None:
         """Capture a trace: an SGLang server if one answers, else the built-in GLM-5-shaped MoE workload.
 
@@ -140,7 +165,10 @@ def register(app: typer.Typer) -> None:
         from tracekit.capture.options import CaptureOptions
         from tracekit.capture.orchestrate import resolve_device, run_builtin
 
+        if ranks is not None and ranks < 1:
+            raise UsageError(f"--ranks {ranks}: must be at least 1")
         dev, world = resolve_device(device, ranks)
+        check_cpu_ranks(dev, world, oversubscribe)
         opts = CaptureOptions(
             duration_s=secs,
             device=dev,

@@ -12,7 +12,7 @@ import typer
 if TYPE_CHECKING:
     import polars as pl
 
-from tracekit._errors import OutputError, UsageError
+from tracekit._errors import UsageError
 from tracekit.commands._common import handle_errors
 
 __all__ = ["register"]
@@ -60,11 +60,16 @@ def register(app: typer.Typer) -> None:
             names = (before.stem, after.stem) if before.stem != after.stem else ("before", "after")
         if html_out is not None and html_out.resolve() in (before.resolve(), after.resolve()):
             raise UsageError(f"--html {html_out}: refusing to overwrite an input")
-        if html_out is not None and html_out.exists() and not force:
-            raise OutputError(f"{html_out}: exists; pass --force to overwrite")
+        if html_out is not None:
+            from tracekit.schema import check_output_path
+
+            check_output_path(html_out, force=force)  # not a device, FIFO or directory
         # each run is its analysis result: the windows, steps, tokens/s and collective waits `analyze` reports
         runs = [summarize_result(analyze_result(p), label=n, counters=_counters(p)) for p, n in zip((before, after), names)]
-        res = diff_runs(runs[0], runs[1], labels=names, top=top)
+        from tracekit.schema import read_metadata
+
+        res = diff_runs(runs[0], runs[1], labels=names, top=top,  # metadata: device / format / shape comparability notes
+                        before_meta=read_metadata(before), after_meta=read_metadata(after))
         if html_out is not None:
             from tracekit.report.diff_html import render_html
 
