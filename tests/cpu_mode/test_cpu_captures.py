@@ -101,3 +101,19 @@ def test_breakdown_sums_to_window_with_moe_gemm(which: str, impl: str, gemm_ops:
         assert t["comm_transfer"] > 0
     assert {k["name"] for k in res["top_kernels"]["moe_gemm"]} <= gemm_ops
     assert res["steps"]["count"] > 0 and res["steps"]["without_gpu"] == 0
+
+
+def test_oversubscription_headline_on_a_real_capture(straggler_trace: Path, host_sync_trace: Path) -> None:
+    """The capture records the host's cores; 4 ranks on fewer cores is the headline, 2 ranks on 2+ cores is not."""
+    import os
+
+    cores = len(os.sched_getaffinity(0))
+    for trace, ranks in ((straggler_trace, 4), (host_sync_trace, 2)):
+        _df, meta = read_trace(trace)
+        assert meta["capture"]["host"]["cpus"] == cores
+        f = analyze(trace)["findings"]
+        over = [s for s in f if s.startswith("CPU oversubscribed")]
+        if ranks > cores:
+            assert f[0].startswith(f"CPU oversubscribed: {ranks} ranks share {cores} CPU core(s)")
+        else:
+            assert not over

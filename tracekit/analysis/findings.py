@@ -87,7 +87,7 @@ def rank_findings(cands: Iterable[Finding], *, residual_ns: int | None = None) -
         txt = resid_f.text if resid_f is not None else (
             f"Clock alignment residual is {residual_ns / 1e3:.0f} µs: cross-rank waits below that are not reliable.")
         # stated before the cross-rank findings it qualifies
-        out.append((1, -math.inf if withheld else -float(residual_ns), txt + w))
+        out.append((1, -math.inf, txt + w))
     out.sort(key=lambda t: (t[0], t[1]))
     return [t for _, _, t in out]
 
@@ -152,7 +152,7 @@ _CPU_WORDS = {
     "cpu_launch_gap": "its forward thread was busy elsewhere or sleeping (no operator, no readback)",
     "launch_bound": "in host overhead between operators (Python, dispatcher)",
     "host_sync": "around host readbacks (.item(), .tolist())",
-    "host_idle": "with its forward thread inactive (no operator for ≥ 1 ms: sleep, waiting for input)",
+    "host_idle": "with its forward thread inactive (no operator for ≥ 1 ms: sleeping, waiting for input, or descheduled)",
 }
 _IDLE_WORDS = {
     "between_steps": "between forward steps (scheduler/host)",
@@ -201,8 +201,14 @@ def cross_rank_candidates(out: Mapping[str, Any], residual: int | None, idle: An
     for g in out["collectives"]["groups"]:
         ws = g.get("wait_share")
         if ws is not None and g["kernel_ns"] > 0 and ws >= 0.3 and f"{g['coll_name']}:{g['pg']}" not in have_ic:
+            if ws >= 0.7:
+                tail = " — a faster interconnect would not help much."
+            elif cpu:
+                tail = " (on CPU, gloo's transfer time includes waiting for a core)."
+            else:
+                tail = "."
             found.append(Finding("wait_share", f"{g['coll_name']} ({g['pg']}): {ws:.0%} of its {_ms(g['kernel_ns'])} kernel time is "
-                                               f"waiting for the last rank, {1 - ws:.0%} is transfer — a faster interconnect would not help much.",
+                                               f"waiting for the last rank, {1 - ws:.0%} is transfer{tail}",
                                  float(g["wait_ns"]), subject=f"{g['coll_name']}:{g['pg']}", cross_rank=True,
                                  per_event_ns=g["wait_ns"] / n_inst))
     for r in out["collectives"]["per_rank"]:
@@ -231,7 +237,7 @@ def cross_rank_candidates(out: Mapping[str, Any], residual: int | None, idle: An
         top = durs.value_counts(sort=True).head(2)["during"].to_list() if durs.len() else []
         with_ = f"; meanwhile: {', '.join(_short(t) for t in top)}" if top else ""
         found.append(Finding("pcie", f"{pcie.height} PCIe-bound phase(s) on rank(s) {ranks}, {_ms(tot_ns)} in total, up to "
-                                     f"{min(pcie['pct_of_link'].max(), 100.0):.0f}% of the link{with_}.", float(tot_ns)))
+                                     f"{min(float(pcie['pct_of_link'].cast(pl.Float64).fill_null(0.0).to_numpy().max()), 100.0):.0f}% of the link{with_}.", float(tot_ns)))
     # power
     for v in pw.verdicts:
         found.append(Finding("power", v + ".", 1.0))

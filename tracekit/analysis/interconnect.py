@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from tracekit.analysis.gpus import gpu_peaks, rank_gpu_info
+from tracekit.analysis.gpus import GpuPeaks, gpu_peaks, rank_gpu_info
 
 __all__ = ["interconnect_verdict", "path_models", "ALPHA_NS"]
 
@@ -42,8 +42,9 @@ def _device(meta: Mapping[str, Any] | None) -> tuple[float, float, str | None]:
     """(NVLink B, PCIe link B, device) of rank 0: the capture's metadata (topology/telemetry) first, then the GPU table."""
     ranks = [r for r in ((meta or {}).get("ranks") or []) if isinstance(r, Mapping)]
     r0 = ranks[0] if ranks else {}
-    info = rank_gpu_info(meta, int(r0.get("rank", 0))) if r0 else {"peaks": gpu_peaks((meta or {}).get("device_name"))}
-    p = info.get("peaks")
+    info: dict[str, Any] = (rank_gpu_info(meta, int(r0.get("rank", 0))) if r0
+                            else {"peaks": gpu_peaks((meta or {}).get("device_name"))})
+    p: GpuPeaks | None = info.get("peaks")
     nv = float(p.nvlink_bytes_per_s) if p else 0.0
     for key in ("nvlink_bytes_per_s", "nvlink_bw_bytes_per_s"):
         if r0.get(key) is not None:
@@ -51,7 +52,8 @@ def _device(meta: Mapping[str, Any] | None) -> tuple[float, float, str | None]:
     if info.get("has_nvlink") is False or r0.get("nvlink_active") is False:
         nv = 0.0
     link = float(info.get("pcie_bw_bytes_per_s") or 0.0)
-    return nv, link, (p.name if p else info.get("device_name"))
+    name = p.name if p else info.get("device_name")
+    return nv, link, str(name) if name else None
 
 
 def path_models(size_bytes: float, meta: Mapping[str, Any] | None) -> dict[str, float]:

@@ -87,9 +87,9 @@ def next_win(df: pl.DataFrame | None, meta: Mapping[str, Any] | None, res: Mappi
     except (TracekitError, ValueError, KeyError) as e:
         return {"status": "replay_failed", "why": f"{type(e).__name__}: {e}", "rows": [], "skipped": skipped}
     base = r.baseline
-    rows = []
+    rows: list[dict[str, Any]] = []
     for (spec, what), p in zip(specs, r.what_if):
-        row = {"spec": spec, "what": what, "step_ns_p50": p.step_ns_p50, "tokens_per_s": p.tokens_per_s, "change": p.change,
+        row: dict[str, Any] = {"spec": spec, "what": what, "step_ns_p50": p.step_ns_p50, "tokens_per_s": p.tokens_per_s, "change": p.change,
                "within_noise": p.within_noise}
         if p.change < 0 and not p.within_noise:
             rows.append(row)
