@@ -27,6 +27,8 @@ import polars as pl
 
 from tracekit._errors import Quality, QualityLog
 from tracekit.analysis.window import cpu_device_expr, cpu_mode_ranks
+from tracekit.dtypes import DTYPE_BYTES as _DTYPE_BYTES
+from tracekit.dtypes import dtype_bytes_expr
 
 __all__ = [
     "collective_ops",
@@ -39,14 +41,8 @@ __all__ = [
     "INSTANCE_COLUMNS",
 ]
 
-#: bytes per element of the dtype names record_param_comms / NCCL use
-DTYPE_BYTES = {
-    "float": 4, "float32": 4, "fp32": 4, "int": 4, "int32": 4, "uint32": 4,
-    "bfloat16": 2, "bf16": 2, "half": 2, "float16": 2, "fp16": 2, "short": 2, "int16": 2,
-    "double": 8, "float64": 8, "long": 8, "int64": 8, "uint64": 8,
-    "byte": 1, "char": 1, "bool": 1, "int8": 1, "uint8": 1,
-    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "fp8": 1,
-}
+#: bytes per element (the one table: :mod:`tracekit.dtypes`)
+DTYPE_BYTES = _DTYPE_BYTES
 
 INSTANCE_COLUMNS = [
     "pg", "pg_name", "seq", "rank", "name", "family", "coll_name", "algo", "stream", "step_id",
@@ -188,9 +184,7 @@ def match_collectives(df: pl.DataFrame, *, cpu_ranks: list[int] | None = None) -
         return _empty_instances()
     ops = _assign_groups(ops)
     ops = _fix_count_mismatch(ops)
-    dtype_b = pl.col("coll_dtype").cast(pl.String).str.to_lowercase().str.replace(r"^c10::", "").replace_strict(
-        DTYPE_BYTES, default=None, return_dtype=pl.Int64
-    )
+    dtype_b = dtype_bytes_expr(pl.col("coll_dtype").cast(pl.String))
     nel = pl.max_horizontal(pl.col("coll_in_nelems"), pl.col("coll_out_nelems"))
     # name-derived columns (regexes) once per distinct (name, family, coll_name, coll_dtype, pg_ranks), not per row
     sig = ["name", "family", "coll_name", "coll_dtype", "pg_ranks"]

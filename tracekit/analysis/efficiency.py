@@ -28,6 +28,7 @@ import polars as pl
 from tracekit.analysis import intervals as iv
 from tracekit.analysis._num import fdiv, seq_sum
 from tracekit.analysis.window import cpu_device_expr, cpu_mode_ranks
+from tracekit.dtypes import dtype_bytes
 from tracekit.analysis.gpus import GpuPeaks, gpu_peaks, peak_flops_per_s, rank_gpu_info
 
 __all__ = ["kernel_efficiency", "efficiency_finish", "gemm_flops_bytes", "GEMM_OPS", "moe_gemm_part", "moe_gemm_finish",
@@ -36,8 +37,6 @@ __all__ = ["kernel_efficiency", "efficiency_finish", "gemm_flops_bytes", "GEMM_O
 GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "aten::matmul",
             "aten::_scaled_mm", "aten::_grouped_mm", "aten::grouped_mm", "aten::_scaled_grouped_mm")
 
-_ES = {"float": 4, "float32": 4, "double": 8, "c10::bfloat16": 2, "bfloat16": 2, "c10::half": 2, "half": 2,
-       "float16": 2, "c10::float8_e4m3fn": 1, "float8_e4m3fn": 1, "c10::float8_e5m2": 1, "float8_e5m2": 1}
 
 
 def _prod(xs: list[int]) -> int:
@@ -55,7 +54,7 @@ def gemm_flops_bytes(op: str, dims_json: str | None, types_json: str | None) -> 
         return None
     shapes = [d for d in dims if isinstance(d, list)]
     dtype = next((t for t in types if isinstance(t, str) and t and t != "Scalar"), "float")
-    es = _ES.get(dtype.lower(), 2)
+    es = dtype_bytes(dtype) or 2
     try:
         if op in ("aten::mm", "aten::_scaled_mm") or (op == "aten::matmul" and len(shapes[0]) == 2 and len(shapes[1]) == 2):
             (m, k), (k2, n) = shapes[0], shapes[1]

@@ -43,17 +43,14 @@ from typing import Any, Mapping
 import polars as pl
 
 from tracekit.analysis import intervals as iv
+from tracekit.analysis.blocking import SYNC_REGEX as _SYNC_REGEX
 from tracekit.analysis.window import cpu_mode_ranks, device_op_expr
 from tracekit.schema import GPU_OP_KINDS
 
 __all__ = ["IdleCauses", "idle_causes", "host_activity", "gpu_ops", "sync_calls", "busy_before", "asof", "SYNC_REGEX", "IDLE_CAUSES", "CPU_SYNC_FAMILY"]
 
-#: blocking host calls (version suffixes like ``_v3020`` allowed)
-SYNC_REGEX = (
-    r"^(cuda(Stream|Device|Event|Ctx|Thread)Synchronize|cu(Stream|Ctx|Event)Synchronize"
-    r"|cudaMemcpy(2D|3D|ToSymbol|FromSymbol)?|cuMemcpy(DtoH|HtoD|DtoD|2D|3D)?(_v2)?"
-    r"|hip(Stream|Device|Event)Synchronize|hipMemcpy)(_v\d+)?$"
-)
+#: blocking host calls, CUDA and HIP (the one list: :mod:`tracekit.analysis.blocking`)
+SYNC_REGEX = _SYNC_REGEX
 IDLE_CAUSES = ("between_steps", "host_sync", "launch_bound", "host_idle", "other", "waiting_on_peer")
 #: a stretch of at least this long with no traced host call on the launching thread is host idle
 HOST_IDLE_MIN_NS = 1_000_000

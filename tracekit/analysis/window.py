@@ -181,8 +181,9 @@ class Window:
         return Window(self.start_ns, self.end_ns, self.trimmed_transient_ns, self.skipped_steps, self.reason, spans)
 
 
-def parse_time_range(spec: str, origin_ns: int) -> tuple[int, int]:
-    """``"12.30s:12.45s"`` / ``"12300ms:12450ms"`` / ``"5:6"`` (s) relative to ``origin_ns``."""
+def parse_time_spec(spec: str) -> tuple[int, int]:
+    """``"12.30s:12.45s"`` / ``"12300ms:12450ms"`` / ``"5:6"`` (units ns/us/ms/s, default s) → (start, end) ns
+    relative to the capture start. The one ``--window`` grammar (analyze, timeline, export)."""
 
     def one(x: str) -> int:
         x = x.strip()
@@ -198,12 +199,18 @@ def parse_time_range(spec: str, origin_ns: int) -> tuple[int, int]:
 
     try:
         a, b = spec.split(":", 1)
-        lo, hi = origin_ns + one(a), origin_ns + one(b)
+        lo, hi = one(a), one(b)
     except ValueError:
         raise UsageError(f"--window {spec!r}: expected START:END of finite times such as 12.30s:12.45s") from None
     if hi <= lo:
         raise UsageError(f"--window {spec!r}: END must be after START")
     return lo, hi
+
+
+def parse_time_range(spec: str, origin_ns: int) -> tuple[int, int]:
+    """:func:`parse_time_spec` in absolute ns (``origin_ns`` = the capture start)."""
+    a, b = parse_time_spec(spec)
+    return origin_ns + a, origin_ns + b
 
 
 def transient_end_ns(df: pl.DataFrame | pl.LazyFrame, *, overview: "Overview | None" = None) -> int | None:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from tracekit._errors import CaptureError, OutputError, Quality, UsageError
+from tracekit.sglang_names import parse_sglang_name
 
 __all__ = [
     "DEFAULT_URL",
@@ -229,7 +230,6 @@ def build_profile_request(output_dir: str, *, caps: Capabilities, profile_id: st
     return body
 
 
-_RANK_RE = re.compile(r"-TP-(\d+)(?:-DP-(\d+))?(?:-PP-(\d+))?(?:-EP-(\d+))?(?:-[A-Za-z]+)?\.trace\.json\.gz$")
 
 
 def rank_files(directory: Path, profile_id: str | None = None) -> dict[tuple[int, int, int], Path]:
@@ -243,10 +243,10 @@ def rank_files(directory: Path, profile_id: str | None = None) -> dict[tuple[int
             continue
         if profile_id is not None and f"{profile_id}-TP-" not in p.name:
             continue
-        m = _RANK_RE.search(p.name)
+        m = parse_sglang_name(p.name)  # the one file-name grammar (tracekit.sglang_names)
         if m is None:
             continue
-        key = (int(m.group(1)), int(m.group(2) or 0), int(m.group(3) or 0))
+        key = (m.tp, m.dp or 0, m.pp or 0)
         out[key] = p
     return out
 
@@ -325,9 +325,9 @@ def missing_ranks(files: Sequence[Path], expected: set[tuple[int, int]] | None) 
         return []
     have = set()
     for f in files:
-        m = _RANK_RE.search(f.name)
+        m = parse_sglang_name(f.name)
         if m is not None:
-            have.add((int(m.group(1)), int(m.group(3) or 0)))
+            have.add((m.tp, m.pp or 0))
     return sorted(expected - have)
 
 

@@ -19,12 +19,10 @@ from pathlib import Path
 from typing import Sequence
 
 from tracekit._errors import InputError, os_reason
+from tracekit.sglang_names import SGLANG_NAME
 
 __all__ = ["Source", "discover", "rank_from_name", "SGLANG_NAME"]
 
-SGLANG_NAME = re.compile(
-    r"^(?:(?P<prefix>.+?)-)?(?P<pid>[^-]+)-TP-(?P<tp>\d+)(?:-DP-(?P<dp>\d+))?(?:-PP-(?P<pp>\d+))?(?:-EP-(?P<ep>\d+))?(?:-(?P<stage>[A-Za-z]+))?\.trace\.json(?:\.gz)?$"
-)
 _RANK = re.compile(r"(?:^|[^a-z])rank[-_]?(\d+)", re.IGNORECASE)
 _WINDOW = re.compile(r"\.win(\d+)\.", re.IGNORECASE)
 _JSON_SUFFIXES = (".json", ".json.gz")

@@ -37,6 +37,8 @@ import numpy as np
 import polars as pl
 
 from tracekit._errors import InputError, QualityLog
+from tracekit.analysis import blocking as _blocking
+from tracekit.dtypes import dtype_bytes_expr
 from tracekit.schema import CATEGORIES, GPU_OP_KINDS
 
 __all__ = [
@@ -63,24 +65,11 @@ VK_CPU, VK_SYNC_END, VK_GPU, VK_RDV, VK_STEP_START, VK_STEP_END = range(6)
 ET_CPU, ET_LAUNCH, ET_FIFO, ET_EVENT, ET_SYNC_SELF, ET_SYNC_WAIT, ET_RDV = range(7)
 NEG = -(1 << 60)  # "minus infinity" in integer ns
 
-#: Blocking host calls and what they wait for.
-BLOCKING_CALLS = {
-    "cudaStreamSynchronize": "stream",
-    "cuStreamSynchronize": "stream",
-    "cudaDeviceSynchronize": "device",
-    "cuCtxSynchronize": "device",
-    "cudaEventSynchronize": "event",
-    "cuEventSynchronize": "event",
-    "cudaMemcpy": "self",
-    "cudaMemcpy2D": "self",
-    "cudaMemcpyFromSymbol": "self",
-    "cudaMemcpyToSymbol": "self",
-    "cuMemcpyDtoH_v2": "self",
-    "cuMemcpyHtoD_v2": "self",
-}
-_EVENT_RECORD = ("cudaEventRecord", "cudaEventRecordWithFlags", "cuEventRecord")
-_STREAM_WAIT = ("cudaStreamWaitEvent", "cuStreamWaitEvent")
-_GRAPH_LAUNCH = ("cudaGraphLaunch", "cuGraphLaunch", "cudaGraphLaunch_v10000")
+#: Blocking host calls and what they wait for (the one list: :mod:`tracekit.analysis.blocking`).
+BLOCKING_CALLS = _blocking.BLOCKING_CALLS
+_EVENT_RECORD = _blocking.EVENT_RECORD_CALLS
+_STREAM_WAIT = _blocking.STREAM_WAIT_CALLS
+_GRAPH_LAUNCH = _blocking.GRAPH_LAUNCH_CALLS
 
 # typical values when a trace has no example of an unconstrained case
 _DEFAULT_LAMBDA_NS = 5_000
@@ -458,11 +447,7 @@ def _collective_instances(ops: pl.DataFrame, q: QualityLog, n_ranks: int) -> tup
         .otherwise(pl.format("ix:{}:{}", pl.col("family"), pl.col("_fidx")))
     )
     c = c.with_columns(key.alias("key"))
-    dsize = pl.col("coll_dtype").str.to_lowercase().replace_strict(
-        {"float": 4, "float32": 4, "float16": 2, "half": 2, "bfloat16": 2, "double": 8, "float64": 8,
-         "int": 4, "int32": 4, "int64": 8, "long": 8, "int8": 1, "uint8": 1, "byte": 1, "char": 1,
-         "float8_e4m3fn": 1, "float8_e5m2": 1},
-        default=None, return_dtype=pl.Int64)
+    dsize = dtype_bytes_expr(pl.col("coll_dtype").cast(pl.String))
     c = c.with_columns(
         pl.coalesce(pl.col("coll_in_nelems") * dsize, pl.col("bytes")).alias("_bytes"))
     inst = c.group_by("key", maintain_order=True).agg(
@@ -713,7 +698,7 @@ def _cpu_edges(b: _Builder, p: dict[str, Any], ops: pl.DataFrame, o_lts: np.ndar
     r_ts = _np(p["rt"].get_column("ts_ns")) - p["origin"]
     r_dur = _np(p["rt"].get_column("dur_ns"))
     r_corr = p["rt"].get_column("correlation").fill_null(-1).to_numpy()
-    kinds_s = names_s.replace_strict(BLOCKING_CALLS, default="", return_dtype=pl.String)
+    kinds_s = names_s.to_frame("n").select(_blocking.blocking_kind_expr(pl.col("n"))).to_series()
     blk = np.flatnonzero((kinds_s != "").to_numpy())
     kinds = kinds_s.gather(blk).to_numpy() if blk.size else np.zeros(0, object)
     o_ts = _np(ops.get_column("ts"))

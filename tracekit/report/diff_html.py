@@ -12,6 +12,7 @@ import html
 from typing import Any
 
 from tracekit.report._fmt import ms, num
+from tracekit.report.palette import color_of
 
 __all__ = ["render_html"]
 
@@ -26,11 +27,6 @@ td.k{text-align:left;font-family:ui-monospace,Menlo,monospace;font-size:12px;max
 ul.v li{margin:3px 0}.muted{color:#777;font-size:12px}
 """
 
-_COLORS = {
-    "moe_gemm": "#4e79a7", "moe_routing": "#f28e2b", "attention": "#e15759", "dense_gemm": "#76b7b2",
-    "other_compute": "#59a14f", "memory": "#edc948", "communication": "#b07aa1", "comm_transfer": "#b07aa1",
-    "comm_wait": "#ff9da7", "idle": "#d0d0d0",
-}
 
 
 def _e(v: Any) -> str:
@@ -72,14 +68,14 @@ def _bars(res: Any) -> str:
             w = c[key] / scale * width
             if w <= 0:
                 continue
-            color = _COLORS.get(c["bucket"], "#9c755f")
+            color = color_of(c["bucket"])
             parts.append(
                 f'<rect x="{160 + x:.1f}" y="{y}" width="{w:.1f}" height="{h}" fill="{color}">'
                 f"<title>{_e(c['bucket'])}: {_ms(c[key])} ms</title></rect>"
             )
             x += w
     legend = " ".join(
-        f'<span style="display:inline-block;width:10px;height:10px;background:{_COLORS.get(c["bucket"], "#9c755f")}"></span>'
+        f'<span style="display:inline-block;width:10px;height:10px;background:{color_of(c["bucket"])}"></span>'
         f" {_e(c['bucket'])}"
         for c in cats if c["before_ns"] or c["after_ns"]
     )

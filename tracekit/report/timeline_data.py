@@ -23,6 +23,9 @@ from tracekit._errors import UsageError
 from tracekit.analysis.intervals import covered_by, merge
 from tracekit.analysis.window import cpu_mode_ranks, device_op_expr, observed_spans, trace_overview
 from tracekit.schema import CATEGORIES, GPU_OP_KINDS
+from tracekit.analysis.window import parse_time_spec
+from tracekit.report.palette import CATEGORY_COLORS
+from tracekit.report.palette import EXTRA_COLORS as _EXTRA_COLORS
 
 __all__ = [
     "CATEGORY_COLORS",
@@ -48,16 +51,6 @@ __all__ = [
     "analysis_events",
 ]
 
-CATEGORY_COLORS: dict[str, str] = {
-    "moe_gemm": "#1f77b4",
-    "moe_routing": "#17becf",
-    "attention": "#2ca02c",
-    "communication": "#d62728",
-    "dense_gemm": "#9467bd",
-    "other_compute": "#8c8c8c",
-    "memory": "#ff7f0e",
-}
-_EXTRA_COLORS = ("#bcbd22", "#e377c2", "#8c564b", "#393b79", "#637939")
 
 _ESC = (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ('"', "&#34;"), ("'", "&#39;"))
 
@@ -98,24 +91,9 @@ class Window:
     reason: str
 
 
-_UNITS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000, "": 1_000_000_000}
-_WIN_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ns|us|µs|ms|s)?\s*$")
-
-
 def parse_window(text: str) -> tuple[int, int]:
-    """``"12.30s:12.45s"`` (units ns/us/ms/s, default s) → (start, end) ns relative to capture start."""
-    parts = text.split(":")
-    if len(parts) != 2:
-        raise UsageError(f"--window {text!r}: expected START:END such as 12.30s:12.45s")
-    vals = []
-    for p in parts:
-        m = _WIN_RE.match(p)
-        if not m:
-            raise UsageError(f"--window {text!r}: cannot read {p!r}; use a number with unit ns, us, ms or s")
-        vals.append(int(round(float(m.group(1)) * _UNITS[m.group(2) or ""])))
-    if vals[1] <= vals[0]:
-        raise UsageError(f"--window {text!r}: end must be after start")
-    return vals[0], vals[1]
+    """``"12.30s:12.45s"`` → (start, end) ns relative to capture start (:func:`tracekit.analysis.window.parse_time_spec`)."""
+    return parse_time_spec(text)
 
 
 def capture_bounds(df: pl.DataFrame, meta: Mapping[str, Any] | None) -> tuple[int, int]:

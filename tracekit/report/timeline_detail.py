@@ -56,8 +56,8 @@ def collective_instances(ops_all: pl.DataFrame, analysis: Mapping[str, Any] | No
     """Per collective kernel: rank, ts_ns, pg, seq, wait_ns, late_rank, n_ranks.
 
     From ``analysis['collective_instances']`` (list of dicts or frame with rank,
-    arrival_ns, pg, seq, wait_ns, ...) when given, else from the frame's
-    ``pg_name``/``coll_seq`` with wait = min(last arrival − own arrival, own duration).
+    arrival_ns, pg, seq, wait_ns, ...: the analysis result's matching) when given, else
+    :func:`tracekit.analysis.collectives.match_collectives` on the frame (the one wait definition).
     """
     schema = {"rank": pl.Int64, "ts_ns": pl.Int64, "pg": pl.String, "seq": pl.Int64, "wait_ns": pl.Int64,
               "late_rank": pl.Int64, "n_ranks": pl.Int64}
@@ -74,17 +74,21 @@ def collective_instances(ops_all: pl.DataFrame, analysis: Mapping[str, Any] | No
                     pl.col("late_rank").cast(pl.Int64), pl.col("n_ranks").cast(pl.Int64))
         except (TypeError, ValueError, pl.exceptions.PolarsError):
             pass
-    c = ops_all.filter(pl.col("pg_name").is_not_null() & pl.col("coll_seq").is_not_null())
-    if c.height == 0:
+    # no analysis given: the one matching (tracekit.analysis.collectives), never a second definition of wait
+    from tracekit.analysis.collectives import match_collectives
+
+    if not {"rank", "kind", "ts_ns", "dur_ns", "category"} <= set(ops_all.columns):
         return pl.DataFrame(schema=schema)
-    key = ["pg", "seq"]
-    c = c.select(pl.col("rank").cast(pl.Int64), "ts_ns", "dur_ns", pl.col("pg_name").cast(pl.String).alias("pg"),
-                 pl.col("coll_seq").alias("seq"))
-    return c.with_columns(
-        pl.min_horizontal(pl.col("ts_ns").max().over(key) - pl.col("ts_ns"), pl.col("dur_ns")).clip(0).alias("wait_ns"),
-        pl.col("rank").sort_by("ts_ns").last().over(key).alias("late_rank"),
-        pl.len().over(key).cast(pl.Int64).alias("n_ranks"),
-    ).select(list(schema))
+    from tracekit.schema import POLARS_SCHEMA
+
+    absent = [c for c in ("name", "family", "pg_name", "pg_ranks", "coll_seq", "coll_name", "coll_dtype", "coll_in_nelems",
+                          "coll_out_nelems", "coll_group_size", "stream", "step_id", "launch_ts_ns") if c not in ops_all.columns]
+    m = match_collectives(ops_all.with_columns([pl.lit(None, POLARS_SCHEMA[c]).alias(c) for c in absent]))
+    if m.height == 0:
+        return pl.DataFrame(schema=schema)
+    return m.select(pl.col("rank").cast(pl.Int64), pl.col("arrival_ns").cast(pl.Int64).alias("ts_ns"), pl.col("pg").cast(pl.String),
+                    pl.col("seq").cast(pl.Int64), pl.col("wait_ns").cast(pl.Int64), pl.col("late_rank").cast(pl.Int64),
+                    pl.col("n_ranks").cast(pl.Int64))
 
 
 def detail_payload(
