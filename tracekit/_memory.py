@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import sys
+from tracekit import _env
 
 __all__ = ["configure_env", "tune_runtime", "release_memory"]
 
@@ -51,7 +52,7 @@ def polars_jemalloc_conf() -> str:
 def configure_env() -> None:
     """Set allocator environment defaults (no-op for a variable the user set)."""
     if "polars" not in sys.modules:
-        os.environ.setdefault("_RJEM_MALLOC_CONF", polars_jemalloc_conf())
+        os.environ.setdefault(_env.JEMALLOC_CONF, polars_jemalloc_conf())
 
 
 def tune_runtime() -> None:
@@ -60,7 +61,7 @@ def tune_runtime() -> None:
     if _tuned:
         return
     _tuned = True
-    env = os.environ.get("TRACEKIT_ARROW_DECAY_MS", "")
+    env = os.environ.get(_env.ARROW_DECAY_MS, "")
     try:
         import pyarrow as pa
 

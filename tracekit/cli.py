@@ -34,6 +34,7 @@ from typer.core import TyperCommand, TyperGroup  # noqa: E402
 
 from tracekit._errors import TracekitError  # noqa: E402
 from tracekit.commands import _common  # noqa: E402
+from tracekit import _env  # noqa: E402
 
 __all__ = ["app", "main"]
 
@@ -159,7 +160,7 @@ def _run() -> None:
         print("tracekit: interrupted", file=sys.stderr)
         sys.exit(130)
     except Exception as e:  # noqa: BLE001 - last resort: a bug must not print a traceback to users
-        if os.environ.get("TRACEKIT_DEBUG"):
+        if _env.debug():
             raise
         msg = " ".join(f"{type(e).__name__}: {e}".split())[:500]
         print(f"tracekit: internal error: {msg}; please report it (TRACEKIT_DEBUG=1 shows the traceback)", file=sys.stderr)

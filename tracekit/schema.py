@@ -17,7 +17,7 @@ import os
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, TypedDict
 
 import polars as pl
 import pyarrow as pa
@@ -27,6 +27,7 @@ from tracekit import __version__
 from tracekit._errors import InputError, OutputError, UsageError, os_reason
 
 __all__ = [
+    "TraceMeta", "RankMeta", "CaptureMeta",
     "SCHEMA_VERSION",
     "ARROW_SCHEMA",
     "POLARS_SCHEMA",
@@ -218,6 +219,53 @@ def to_arrow(df: pl.DataFrame) -> pa.Table:
 
 
 _to_arrow = to_arrow
+
+
+class RankMeta(TypedDict, total=False):
+    """Footer metadata of one rank (``TraceMeta.ranks``)."""
+
+    rank: int
+    device: int
+    device_name: str
+    device_props: dict[str, Any]
+    source_files: list[str]
+    format: str  # "kineto" | "nsys-sqlite" | "nsys-parquetdir" | ...
+    backend: str | None
+    nccl_version: str | None
+    session_start_ns: int
+    base_time_ns: int
+
+
+class CaptureMeta(TypedDict, total=False):
+    """What ``tracekit capture`` recorded about the run (``TraceMeta.capture``)."""
+
+    profiler_windows: list[list[int]]  # absolute ns [start, end) of each profiler window
+    window_ns: list[int]
+    workload: dict[str, Any]
+    host_cpus: int
+
+
+class TraceMeta(TypedDict, total=False):
+    """The run metadata in ``trace.parquet``'s footer (JSON under :data:`META_KEY`), typed.
+
+    Every key is optional (old files load with defaults); a reader uses ``meta.get(key)``.
+    ``schemas/trace_v1.md`` documents each field."""
+
+    schema_version: int
+    tool_version: str
+    world_size: int
+    device_mode: str  # "gpu" | "cpu"
+    ranks: list[RankMeta]
+    source_files: list[str]
+    clock_offsets_ns: dict[str, int]
+    clock_alignment: dict[str, Any]
+    rules: str
+    window_ns: list[int]  # capture window, absolute ns
+    capture: CaptureMeta
+    quality: list[dict[str, Any]]
+    steps_from: str
+    serve: dict[str, Any]
+    telemetry: dict[str, Any]
 
 
 def _base_metadata() -> dict[str, Any]:
@@ -462,7 +510,7 @@ def check_input_file(p: Path) -> None:
         raise InputError(f"{p}: cannot read (Permission denied); check the file's permissions")
 
 
-def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
+def read_metadata(path: str | os.PathLike[str]) -> TraceMeta:
     """Run metadata from the footer; raises InputError for non-trace files or newer versions."""
     p = Path(path)
     if not p.exists():
@@ -477,9 +525,11 @@ def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     if raw is None:
         raise InputError(f"{p}: Parquet file without tracekit metadata; convert the source with `tracekit convert`")
     try:
-        meta = json.loads(raw)
+        meta: TraceMeta = json.loads(raw)
     except ValueError:
         raise InputError(f"{p}: corrupt tracekit metadata in the footer; re-convert the source") from None
+    if not isinstance(meta, dict):
+        raise InputError(f"{p}: corrupt tracekit metadata in the footer (not an object); re-convert the source")
     ver = int(meta.get("schema_version", 0))
     if ver > SCHEMA_VERSION:
         raise InputError(

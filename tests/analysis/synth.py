@@ -105,7 +105,7 @@ def build(
                 gpu_free[r] = end + 3_000
         step_end = max(gpu_free.values())
         for r in range(ranks):
-            rows.append(dict(rank=r, kind="step", ts_ns=step_start[r], dur_ns=step_end - step_start[r], name=f"step[DECODE bs=8]",
+            rows.append(dict(rank=r, kind="step", ts_ns=step_start[r], dur_ns=step_end - step_start[r], name="step[DECODE bs=8]",
                              step_id=s, step_mode="DECODE", batch_size=8, tokens=8, profiled=True, tid=1, pid=100 + r))
         base = step_end + step_gap_ns
     for row in rows:

@@ -193,3 +193,36 @@ def test_gaps_with_several_windows_per_group(rows, wins) -> None:
         pieces = got.filter(pl.col("g") == g)
         have = {t for _, s, e in pieces.rows() for t in range(max(s, lo), min(e, hi))}
         assert have == want
+
+
+def test_merge_large_grouped_frame_matches_per_group_merge() -> None:
+    """Above 50k rows merge sorts through one composite integer key; it must equal merging each group alone."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    n = 120_000
+    s = rng.integers(0, 10**9, n) + 1_796_000_000_000_000_000
+    df = pl.DataFrame({"rank": rng.integers(0, 4, n), "tid": rng.choice([-(2**62), 5, 17, 2**40], n),
+                       "start": s, "end": s + rng.integers(0, 40_000, n)})
+    got = merge(df, by=["rank", "tid"])
+    want = pl.concat([merge(g.drop(["rank", "tid"])).with_columns(pl.lit(r, pl.Int64).alias("rank"), pl.lit(t, pl.Int64).alias("tid"))
+                      for (r, t), g in df.group_by(["rank", "tid"])]).select(got.columns).sort(["rank", "tid", "start"])
+    assert got.sort(["rank", "tid", "start"]).equals(want)
+    assert got.height > 1000
+
+
+def test_overlap_index_large_keyed_frames_match_per_group() -> None:
+    """The composite-key sort path (>50k rows) gives the same pairs as each group on its own."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    n = 60_000
+    s = rng.integers(0, 10**8, n)
+    ops = pl.DataFrame({"rank": rng.integers(0, 3, n), "start": s, "end": s + rng.integers(0, 5_000, n)})
+    ph = pl.DataFrame({"rank": [0, 1, 2, 1], "start": [0, 5_000_000, 90_000_000, 0], "end": [200_000, 5_300_000, 90_100_000, 10]})
+    got = overlap_index(ph, ops, by="rank")
+    want = []
+    for i, (r, a, b) in enumerate(ph.rows()):
+        hit = ops.with_row_index("j").filter((pl.col("rank") == r) & (pl.col("start") < b) & (pl.col("end") > a))
+        want += [(i, j) for j in hit["j"].to_list()]
+    assert got.rows() == sorted(want) and len(want) > 100

@@ -57,10 +57,10 @@ def gemm_flops_bytes(op: str, dims_json: str | None, types_json: str | None) -> 
     es = dtype_bytes(dtype) or 2
     try:
         if op in ("aten::mm", "aten::_scaled_mm") or (op == "aten::matmul" and len(shapes[0]) == 2 and len(shapes[1]) == 2):
-            (m, k), (k2, n) = shapes[0], shapes[1]
+            (m, k), (_k2, n) = shapes[0], shapes[1]
             flops, elems = 2.0 * m * k * n, m * k + k * n + m * n
         elif op == "aten::addmm":
-            (m, k), (k2, n) = shapes[1], shapes[2]
+            (m, k), (_k2, n) = shapes[1], shapes[2]
             flops, elems = 2.0 * m * k * n, m * k + k * n + 2 * m * n
         elif op in ("aten::bmm", "aten::baddbmm") or (op == "aten::matmul" and len(shapes[0]) == 3 and len(shapes[1]) == 3):
             a, b = (shapes[1], shapes[2]) if op == "aten::baddbmm" else (shapes[0], shapes[1])
@@ -267,7 +267,7 @@ def moe_gemm_finish(parts: list[pl.DataFrame], meta: Mapping[str, Any] | None) -
                                                      "whose metadata declares the model (capture.workload.model)"}
     t = pl.concat(have, how="vertical_relaxed").sort(["rank", "step_id"])
     h, inter, e, k, L = shape["hidden"], shape["inter"], shape["experts"], shape["top_k"], shape["layers"]
-    es = _ES.get(shape["dtype"].lower(), 2)
+    es = dtype_bytes(shape["dtype"]) or 2
     # per step: routed FLOPs (gate + up + down = 3 GEMMs of H x I per token-expert pair), weight bytes bound
     t = t.with_columns(
         (pl.col("tokens").cast(pl.Float64) * k * L * 6.0 * h * inter).alias("flops"),

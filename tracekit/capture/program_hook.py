@@ -42,11 +42,12 @@ from pathlib import Path
 from typing import Any
 
 from tracekit.capture.window import FileBoard, WindowController, WindowSpec
+from tracekit import _env
 
 __all__ = ["ENV_DIR", "ENV_SPEC", "TICK_SIGNAL", "deferred_signals", "install"]
 
-ENV_DIR = "TRACEKIT_CAPTURE_DIR"
-ENV_SPEC = "TRACEKIT_CAPTURE_SPEC"
+ENV_DIR = _env.CAPTURE_DIR
+ENV_SPEC = _env.CAPTURE_SPEC
 TICK_SIGNAL = int(getattr(signal, "SIGRTMAX", 64)) - 3  # never sent by the OS here; interrupt_main only
 _MAX_RECORDS = 2_000_000
 _STATE: dict[str, Any] = {}

@@ -32,6 +32,7 @@ import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
+from tracekit import _env
 
 __all__ = [
     "ENV_ENABLE",
@@ -44,8 +45,8 @@ __all__ = [
     "load_step_records",
 ]
 
-ENV_ENABLE = "TRACEKIT_SGLANG_HOOK"
-ENV_STEP_DIR = "TRACEKIT_STEP_DIR"
+ENV_ENABLE = _env.SGLANG_HOOK
+ENV_STEP_DIR = _env.STEP_DIR
 TARGET = "sglang.srt.model_executor.model_runner.ModelRunner.forward"
 _FLUSH_EVERY_S = 1.0
 _EXTEND_LIKE = {"EXTEND", "MIXED", "SPLIT_PREFILL", "DLLM_EXTEND", "DRAFT_EXTEND", "DRAFT_EXTEND_V2"}

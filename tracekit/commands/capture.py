@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from tracekit._errors import CaptureError, UsageError
+from tracekit._errors import UsageError
 from tracekit.commands._common import handle_errors
 
 __all__ = ["register", "parse_duration"]

@@ -57,15 +57,9 @@ class ConvertResult:
 
 
 def _read(src: Source, rank: int | None) -> tuple[pl.DataFrame, dict[str, Any]]:
-    if src.fmt == "kineto":
-        from tracekit.ingest.kineto import read_kineto
+    from tracekit.ingest.readers import get_reader
 
-        return read_kineto(src.path, rank=rank)
-    try:
-        from tracekit.ingest.nsys import read_nsys  # type: ignore[attr-defined]
-    except ImportError:
-        raise InputError(f"{src.path}: Nsight Systems import is not available in this build") from None
-    return read_nsys(src.path, rank=rank)
+    return get_reader(src.fmt).read(src.path, rank)
 
 
 def _raw_ranks(src: Source) -> Iterator[tuple[list[pl.DataFrame], dict[str, Any]]]:
@@ -75,10 +69,11 @@ def _raw_ranks(src: Source) -> Iterator[tuple[list[pl.DataFrame], dict[str, Any]
     """
     raw, meta = _read(src, None)
     pieces: list[tuple[pl.DataFrame, dict[str, Any]]] = [(raw, meta)]
-    if src.fmt == "nsys":
-        from tracekit.ingest.nsys import split_ranks
+    from tracekit.ingest.readers import get_reader
 
-        pieces = split_ranks(raw, meta)
+    split = get_reader(src.fmt).split
+    if split is not None:  # a source holding several ranks (an nsys report with several GPU processes)
+        pieces = split(raw, meta)
     del raw
     release_memory()  # the decoded text chunks' heap pages go back before finalize
     pieces.reverse()

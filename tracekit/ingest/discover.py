@@ -61,15 +61,19 @@ def _is_nsys_dir(p: Path) -> bool:
 
 
 def _classify(p: Path) -> Source | None:
+    """The source at ``p``: its format from the reader registry (:mod:`tracekit.ingest.readers`), rank, capture
+    id, window and stage from the file name."""
+    from tracekit.ingest.readers import reader_for
+
+    reader = reader_for(p)
+    if reader is None:
+        return None
     name = p.name
-    if _is_nsys_dir(p) or name.endswith(".sqlite"):
-        r, _cid, _st = rank_from_name(name)
-        return Source(p, "nsys", r, None, None, None)
-    if name.endswith(_JSON_SUFFIXES):
-        r, cid, st = rank_from_name(name)
-        w = _WINDOW.search(name)
-        return Source(p, "kineto", r, cid, int(w[1]) if w else None, st)
-    return None
+    r, cid, st = rank_from_name(name)
+    if reader.split is not None:  # a report that may hold several ranks: no SGLang id, no capture window
+        return Source(p, reader.fmt, r, None, None, None)
+    w = _WINDOW.search(name)
+    return Source(p, reader.fmt, r, cid, int(w[1]) if w else None, st)
 
 
 def _stat(p: Path) -> os.stat_result:

@@ -35,6 +35,8 @@ import pyarrow.compute as pc
 import pyarrow.json as pajson
 import polars as pl
 
+from tracekit.ingest.readers import Reader
+from tracekit import _env
 from tracekit._errors import InputError, QualityLog
 from tracekit._frames import attach_rows
 from tracekit.ingest.kineto_stream import EventStream, StreamFallback
@@ -476,9 +478,9 @@ def _stage_chunk(chunk: bytes | bytearray, p: Path, exact: bool | None) -> tuple
 
 def parse_threads() -> int:
     """Threads decoding one file's chunks (Arrow's JSON parser and polars release the GIL)."""
-    env = os.environ.get("TRACEKIT_PARSE_THREADS")
-    if env and env.isdigit() and int(env) > 0:
-        return int(env)
+    n_env = _env.positive_int(_env.PARSE_THREADS)
+    if n_env is not None:
+        return n_env
     try:
         n = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - non-Linux
@@ -995,3 +997,10 @@ def _finish(st: pl.DataFrame, meta: dict[str, Any]) -> pl.DataFrame:
         pl.lit(0, dtype=pl.Int32).alias("rank"),
     )
     return conform(df)
+
+
+def _detect(p: Path) -> bool:
+    return p.name.endswith((".json", ".json.gz"))
+
+
+READER = Reader("kineto", _detect, lambda p, rank: read_kineto(p, rank=rank))

@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover - platforms without an isal wheel
 #: errors of either inflater
 _INFLATE_ERRORS: tuple[type[BaseException], ...] = (zlib.error, getattr(_inflate, "error", zlib.error))
 
-from tracekit._errors import InputError
+from tracekit._errors import InputError  # noqa: E402 - after the optional inflater import
 
 __all__ = ["StreamFallback", "EventStream", "iter_text"]
 

@@ -41,6 +41,7 @@ from typing import Any
 
 import polars as pl
 
+from tracekit.ingest.readers import Reader
 from tracekit._errors import InputError, QualityLog
 from tracekit.ingest.nsys_metrics import counter_name, value_scale
 from tracekit.ingest.nsys_source import SESSION_TABLE, NsysSource, is_nsys_path, open_source
@@ -468,3 +469,15 @@ def split_ranks(df: pl.DataFrame, meta: dict[str, Any]) -> list[tuple[pl.DataFra
             m["device_name"] = props[0]["name"]
         out.append((df.filter(pl.col("rank") == info["rank"]), m))
     return out
+
+
+def _detect(p: Path) -> bool:
+    if p.name.endswith(".sqlite"):
+        return True
+    try:
+        return p.is_dir() and (p / "TARGET_INFO_SESSION_START_TIME.parquet").exists()
+    except OSError:  # a symlink loop (Python < 3.12 raises from is_dir)
+        return False
+
+
+READER = Reader("nsys", _detect, lambda p, rank: read_nsys(p, rank=rank), split=split_ranks, priority=1)

@@ -485,7 +485,7 @@ def _collective_instances(ops: pl.DataFrame, q: QualityLog, n_ranks: int) -> tup
 
 def _rank_edges(b: _Builder, p: dict[str, Any], ops: pl.DataFrame, instances: pl.DataFrame, q: QualityLog) -> dict[str, int]:
     rank = p["rank"]
-    chain, c_obs, c_dur, c_kind = p["chain"], p["chain_obs"], p["chain_dur"], p["chain_kind"]
+    chain, c_obs = p["chain"], p["chain_obs"]
     rdv = instances.get_column("rdv").to_numpy() if instances.height else np.zeros(0, np.int64)
     rdv_obs = instances.get_column("rdv_obs").to_numpy() if instances.height else np.zeros(0, np.int64)
 
@@ -688,7 +688,7 @@ def _last_on_stream_before(o_lts: np.ndarray, o_ts: np.ndarray, stream: np.ndarr
 
 def _cpu_edges(b: _Builder, p: dict[str, Any], ops: pl.DataFrame, o_lts: np.ndarray, o_end_vid: np.ndarray,
                o_end_obs: np.ndarray, o_from_end: np.ndarray, stream: np.ndarray, q: QualityLog) -> dict[str, int]:
-    chain, c_obs, c_dur, c_kind = p["chain"], p["chain_obs"], p["chain_dur"], p["chain_kind"]
+    chain, c_obs, c_dur = p["chain"], p["chain_obs"], p["chain_dur"]
     n = chain.size
     rank = p["rank"]
     if n == 0:

@@ -27,7 +27,7 @@ Expert implementations (``moe_impl``):
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
