@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -53,25 +52,22 @@ def main() -> int:
             ms.append(a.elapsed_time(b))
         return ms
 
-    res = {}
+    res: dict[tuple[str, bool], list[float]] = {}
     with torch.no_grad():
-        steps(3)
-        for trial in range(3):
+        steps(3)  # warm-up
+        for _trial in range(3):  # interleaved, so drift hits both sides
             for hooked in (False, True):
-                if hooked:
-                    mc.install(model)
-                t = time.perf_counter()
-                res.setdefault(("plain", hooked), []).extend(steps(10))
-                if hooked:
-                    mc.uninstall()
-                for prof in (True,):
+                for mode in ("plain", "profiler"):
                     if hooked:
                         mc.install(model)
-                    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]):
-                        res.setdefault(("profiler", hooked), []).extend(steps(10))
+                    if mode == "profiler":
+                        acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+                        with torch.profiler.profile(activities=acts):
+                            res.setdefault((mode, hooked), []).extend(steps(10))
+                    else:
+                        res.setdefault((mode, hooked), []).extend(steps(10))
                     if hooked:
                         mc.uninstall()
-                del t
     for mode in ("plain", "profiler"):
         b, h = statistics.median(res[(mode, False)]), statistics.median(res[(mode, True)])
         print(f"{fam} {experts} {mode:8s}: decode step {b:.3f} ms -> {h:.3f} ms with module context ({100 * (h - b) / b:+.2f}%)")

@@ -40,8 +40,12 @@ __all__ = ["COMBINE_REGEX", "NORM_ANCHOR_REGEX", "PROBS_REGEX", "TOPK_REGEX", "a
 
 TOPK_REGEX = r"(?i)topk|radixSelect"
 PROBS_REGEX = r"(?i)softmax|sigmoid"
-COMBINE_REGEX = r"indexFunc(Small|Large)Index|scatter_add|index_put|sum_functor|func_wrapper_t<[^,]*, at::native::sum"
-NORM_ANCHOR_REGEX = r"MeanOps|(?i:rms_?norm|layer_?norm)"
+#: combine kernels: eager index_add_ (indexFunc*), scatter_add/index_put, the sum over the top-k; Inductor names
+#: its fused kernels after the ops they hold (``triton_poi_fused_index_add_…``, ``triton_red_fused_…_sum_…``)
+COMBINE_REGEX = (r"indexFunc(Small|Large)Index|scatter_add|index_put|sum_functor|func_wrapper_t<[^,]*, at::native::sum"
+                 r"|^triton_\w*fused\w*(index_add|scatter_add)|^triton_(red|per)_fused\w*_sum")
+#: layer boundaries: a named norm kernel, a decomposed RMSNorm's mean reduction, or Inductor's fused RMSNorm
+NORM_ANCHOR_REGEX = r"MeanOps|(?i:rms_?norm|layer_?norm)|^triton_(red|per)_fused\w*(mean\w*rsqrt|rsqrt\w*mean)"
 MAX_PROBS_TO_TOPK = 4
 MAX_GEMM_TO_PROBS = 3
 MAX_ATTN_GAP = 4
