@@ -353,7 +353,7 @@ def main_real(a: argparse.Namespace, work: Path) -> int:
     by = {c.label: c for c in results}
     big = [c for c in results if c.ranks == a.ranks and c.phases.get("analyze", {}).get("status") == "ok"]
     if len(big) >= 2:
-        lo, hi = big[0], big[-1]
+        lo, hi = big[-2], big[-1]
         f = hi.kernels / lo.kernels
         t = float(hi.phases["analyze"]["seconds"]) / float(lo.phases["analyze"]["seconds"])
         m = float(hi.phases["analyze"]["peak_rss_mb"]) / float(lo.phases["analyze"]["peak_rss_mb"])
