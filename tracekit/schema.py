@@ -375,7 +375,7 @@ class atomic_path:
         self.tmp = Path(name)
         return self.tmp
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         assert self.tmp is not None
         if exc_type is None:
             try:
@@ -476,7 +476,7 @@ class TraceWriter:
     def __enter__(self) -> "TraceWriter":
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         if exc_type is not None:
             self.abort()
 
@@ -567,7 +567,7 @@ def first_line(e: BaseException, limit: int = 300) -> str:
 def scan_trace(path: str | os.PathLike[str]) -> pl.LazyFrame:
     """Lazy scan with missing columns added as nulls (older files)."""
     read_metadata(path)
-    lf = pl.scan_parquet(path)
+    lf = pl.scan_parquet(Path(path))
     have = lf.collect_schema().names()
     absent = [n for n in REQUIRED_COLUMNS if n not in have]
     if absent:
@@ -599,4 +599,4 @@ def read_trace(path: str | os.PathLike[str], *, ranks: Iterable[int] | None = No
         df = lf.collect()
     except Exception as e:  # noqa: BLE001
         raise InputError(f"{path}: unreadable trace data ({first_line(e)}); re-convert the source") from None
-    return df, meta
+    return df, dict(meta)

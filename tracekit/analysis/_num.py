@@ -10,6 +10,8 @@ sum: one fixed evaluation order (row order), whatever the layout.
 
 from __future__ import annotations
 
+from typing import Any
+
 import polars as pl
 
 __all__ = ["seq_sum", "seq_mean", "fdiv"]
@@ -35,3 +37,17 @@ def fdiv(a: pl.Expr, b: pl.Expr) -> pl.Expr:
     gives the same bits both ways (and differs from ``a / b`` by at most one ulp).
     """
     return a * (1.0 / b.cast(pl.Float64))
+
+
+def as_int(x: Any) -> int:
+    """A polars scalar (``Series.min()``, ``.item()``, a row value) as ``int``; raises on null (a caller's bug)."""
+    if x is None:
+        raise ValueError("as_int: null scalar")
+    return int(x)
+
+
+def as_float(x: Any) -> float:
+    """A polars scalar as ``float``; raises on null."""
+    if x is None:
+        raise ValueError("as_float: null scalar")
+    return float(x)

@@ -14,12 +14,13 @@ after alignment; a ``clock_residual_high`` flag is raised above 50 µs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import polars as pl
 
 from tracekit._errors import Quality, QualityLog
 from tracekit.analysis.collectives import match_collectives
+from tracekit.analysis._num import as_int
 
 __all__ = ["AlignResult", "align_clocks", "solve_clock_offsets", "apply_offsets", "RESIDUAL_WARN_NS"]
 
@@ -38,7 +39,7 @@ class AlignResult:
     applied: bool
     quality: list[Quality] = field(default_factory=list)
 
-    def __iter__(self):  # allows ``df, offsets, residual = align_clocks(...)``
+    def __iter__(self) -> Iterator[Any]:  # allows ``df, offsets, residual = align_clocks(...)``
         return iter((self.df, self.offsets_ns, self.residual_ns))
 
     def to_json(self) -> dict[str, Any]:
@@ -64,7 +65,8 @@ def _spread(ends: pl.DataFrame, off: dict[int, float], q: float) -> float | None
         (pl.col("end_ns").cast(pl.Float64) + pl.col("rank").replace_strict(off, default=0.0, return_dtype=pl.Float64)).alias("_e")
     )
     s = e.group_by(["pg", "seq"]).agg((pl.col("_e").max() - pl.col("_e").min()).alias("s"))
-    return float(s["s"].quantile(q)) if s.height else None
+    v = s["s"].quantile(q) if s.height else None
+    return float(v) if v is not None else None
 
 
 def align_clocks(
@@ -110,16 +112,16 @@ def solve_clock_offsets(
     ranks = sorted(int(r) for r in ranks)
     zero = {r: 0 for r in ranks}
     if len(ranks) < 2 or instances is None:
-        return AlignResult(None, zero, None, None, 0, False, list(q))  # type: ignore[arg-type]
+        return AlignResult(None, zero, None, None, 0, False, list(q))
     ends = instances.filter((pl.col("quality") == "ok") & (pl.col("n_ranks") >= 2)).select("pg", "seq", "rank", "end_ns")
     if ends.height:  # relative times keep float math exact (absolute ns exceed float64 precision)
-        ends = ends.with_columns(pl.col("end_ns") - int(ends["end_ns"].min()))
+        ends = ends.with_columns(pl.col("end_ns") - as_int(ends["end_ns"].min()))
     n_inst = ends.select(pl.struct("pg", "seq").n_unique()).item() if ends.height else 0
     if n_inst < min_instances:
         q.add("clock_alignment_skipped",
               f"only {n_inst} matched collective instance(s) (need {min_instances}); ranks kept on absolute time",
               severity="info")
-        return AlignResult(None, zero, None, None, int(n_inst), False, list(q))  # type: ignore[arg-type]
+        return AlignResult(None, zero, None, None, int(n_inst), False, list(q))
     off: dict[int, float] = {r: 0.0 for r in ranks}
     for _ in range(iterations):
         e = ends.with_columns(
@@ -153,4 +155,4 @@ def solve_clock_offsets(
               f"collective end times still differ by {res / 1000:.1f} µs (p90) after alignment; "
               "cross-rank waits below that are not meaningful",
               residual_ns=res, prior_offsets_ns=(meta or {}).get("clock_offsets_ns"))
-    return AlignResult(None, offsets, res, int(round(before90)) if before90 is not None else None, int(n_inst), applied, list(q))  # type: ignore[arg-type]
+    return AlignResult(None, offsets, res, int(round(before90)) if before90 is not None else None, int(n_inst), applied, list(q))

@@ -17,6 +17,7 @@ with the same exclusive rule.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import polars as pl
 
@@ -39,7 +40,7 @@ class Breakdown:
     window: Window
     notes: list[str] = field(default_factory=list)
 
-    def as_records(self) -> list[dict]:
+    def as_records(self) -> list[dict[str, Any]]:
         out = []
         for row in self.table.iter_rows(named=True):
             out.append(
@@ -93,7 +94,7 @@ def compute_breakdown(
         return Breakdown(_empty_table(PRIORITY), PRIORITY, window, ["no GPU ops"])
     bounds = _bounds(ops, window)
     iv = ops.select("rank", pl.col("ts_ns").alias("start"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("end"), "bucket")
-    buckets = PRIORITY
+    buckets: tuple[str, ...] = PRIORITY
     if split:
         if comm_parts is None:
             comm_parts = pl.DataFrame(schema={"rank": pl.Int64, "start": pl.Int64, "end": pl.Int64, "part": pl.String})
@@ -140,12 +141,14 @@ def _cumulative_unions(iv: pl.DataFrame, n: int) -> pl.DataFrame:
         iv.select("rank", pl.col("end").alias("t"), pl.lit(-1, pl.Int32).alias("d"), "_p"),
     ]).sort(["rank", "t"])
     one = ev.get_column("rank").n_unique() <= 1  # one rank (the per-rank map): no window partitions needed
-    per = (lambda e: e) if one else (lambda e: e.over("rank"))
+    def per(e: pl.Expr) -> pl.Expr:
+        return e if one else e.over("rank")
+
     ev = ev.with_columns(
         [per(pl.when(pl.col("_p") == k).then(pl.col("d")).otherwise(0).cum_sum()).alias(f"_c{k}") for k in range(n)]
         + [(per(pl.col("t").shift(-1)) - pl.col("t")).alias("_len")]
     )
-    top = pl.when(pl.col("_c0") > 0).then(0)
+    top: Any = pl.when(pl.col("_c0") > 0).then(0)
     for k in range(1, n):
         top = top.when(pl.col(f"_c{k}") > 0).then(k)
     seg = ev.select("rank", top.otherwise(None).alias("_top"), "_len").filter(pl.col("_top").is_not_null() & (pl.col("_len") > 0))

@@ -29,6 +29,7 @@ from tracekit._errors import Quality, QualityLog
 from tracekit.analysis.window import cpu_device_expr, cpu_mode_ranks
 from tracekit.dtypes import DTYPE_BYTES as _DTYPE_BYTES
 from tracekit.dtypes import dtype_bytes_expr
+from tracekit.analysis._num import as_int
 
 __all__ = [
     "collective_ops",
@@ -144,7 +145,7 @@ def _fix_count_mismatch(ops: pl.DataFrame) -> pl.DataFrame:
         ref = ops.filter((pl.col("pg") == g) & (pl.col("rank") == ref_rank)).select(
             "seq", (pl.col("ts_ns") + pl.col("dur_ns")).alias("_e_ref")
         )
-        nmax = int(c["n"].max())
+        nmax = as_int(c["n"].max())
         for r, n in zip(c["rank"].to_list()[1:], c["n"].to_list()[1:]):
             mine = ops.filter((pl.col("pg") == g) & (pl.col("rank") == r)).select(
                 "seq", (pl.col("ts_ns") + pl.col("dur_ns")).alias("_e")
@@ -238,10 +239,10 @@ def match_collectives(df: pl.DataFrame, *, cpu_ranks: list[int] | None = None) -
 
 
 def _empty_instances() -> pl.DataFrame:
-    s = {c: pl.Int64 for c in INSTANCE_COLUMNS}
+    s: dict[str, pl.DataType] = {c: pl.Int64() for c in INSTANCE_COLUMNS}
     for c in ("pg", "pg_name", "name", "family", "coll_name", "algo", "quality"):
-        s[c] = pl.String
-    s["bus_bw_bytes_per_s"] = pl.Float64
+        s[c] = pl.String()
+    s["bus_bw_bytes_per_s"] = pl.Float64()
     return pl.DataFrame(schema=s)
 
 
@@ -344,8 +345,8 @@ def start_transient_end_ns(df: pl.DataFrame, instances: pl.DataFrame | None = No
     if full.height:
         first = full.group_by(["pg", "seq"]).agg(pl.col("arrival_ns").max().alias("a"), pl.col("end_ns").max().alias("e")).sort("a")
         return int(first["e"][0])
-    latest_first = int(df.group_by("rank").agg(pl.col("ts_ns").min()).get_column("ts_ns").max())
+    latest_first = as_int(df.group_by("rank").agg(pl.col("ts_ns").min()).get_column("ts_ns").max())
     steps = df.filter((pl.col("kind").cast(pl.String) == "step") & (pl.col("ts_ns") >= latest_first))
     if steps.height:
-        return int(steps.get_column("ts_ns").min())
+        return as_int(steps.get_column("ts_ns").min())
     return None

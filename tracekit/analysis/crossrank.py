@@ -146,7 +146,8 @@ def cross_rank_plan(
     ``opts`` as for :func:`cross_rank_sections`.
     """
     opts = dict(opts or {})
-    q: QualityLog = opts.get("quality") if opts.get("quality") is not None else QualityLog()
+    qv = opts.get("quality")
+    q: QualityLog = qv if isinstance(qv, QualityLog) else QualityLog()
     max_items = int(opts.get("max_items", 200))
     lo, hi = _window_bounds(opts.get("window"))
     if ranks is None:

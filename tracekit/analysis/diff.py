@@ -115,7 +115,8 @@ def _steps(res: AnalysisResult) -> tuple[float, float | None, float | None, floa
     if st.height == 0:
         return 0.0, None, None, None
     d = st["dur_ns"].cast(pl.Float64)
-    return (res.steps_per_rank(), float(d.quantile(0.5, "nearest")), float(d.quantile(0.9, "nearest")),  # type: ignore[arg-type]
+    p50, p90 = d.quantile(0.5, "nearest"), d.quantile(0.9, "nearest")
+    return (res.steps_per_rank(), float(p50) if p50 is not None else None, float(p90) if p90 is not None else None,
             res.tokens_per_s())
 
 

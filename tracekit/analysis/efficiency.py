@@ -93,7 +93,7 @@ def gemm_flops_bytes(op: str, dims_json: str | None, types_json: str | None) -> 
 def _peaks_for(meta: Mapping[str, Any] | None, rank: int, gpu_name: str | None) -> GpuPeaks | None:
     if gpu_name:
         return gpu_peaks(gpu_name)
-    p = rank_gpu_info(meta, rank)["peaks"]
+    p: GpuPeaks | None = rank_gpu_info(meta, rank)["peaks"]
     if p is None and meta:
         p = gpu_peaks(meta.get("device_name"))
     return p

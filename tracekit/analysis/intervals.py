@@ -15,7 +15,7 @@ key followed by a time filter.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import polars as pl
 
@@ -269,7 +269,7 @@ def overlap_index(
     """
     keys = _by(by)
     rs, re_ = right_start or start, right_end or end
-    out_schema = {"left_idx": pl.UInt32, "right_idx": pl.UInt32}
+    out_schema: dict[Any, Any] = {"left_idx": pl.UInt32, "right_idx": pl.UInt32}
     if left.height == 0 or right.height == 0:
         return pl.DataFrame(schema=out_schema)
     lf = left.select(keys + [pl.col(start).alias("_s"), pl.col(end).alias("_e")]).with_row_index("_orig")

@@ -31,7 +31,7 @@ from tracekit.analysis.gpus import rank_gpu_info
 
 __all__ = ["pcie_phases", "pcie_part", "pcie_finish", "PciePart", "PHASE_COLUMNS"]
 
-PHASE_COLUMNS = {
+PHASE_COLUMNS: dict[Any, Any] = {
     "rank": pl.Int64, "start_ns": pl.Int64, "dur_ns": pl.Int64, "direction": pl.String,
     "achieved_bytes_per_s": pl.Float64, "pct_of_link": pl.Float64, "source": pl.String, "during": pl.List(pl.String),
 }

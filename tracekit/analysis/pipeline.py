@@ -136,7 +136,7 @@ def compact(obj: Any) -> Any:
             return obj
         out = pl.from_arrow(obj.to_arrow(compat_level=pl.CompatLevel.oldest()))
         assert isinstance(out, pl.DataFrame)
-        return out if out.schema == obj.schema else out.cast(dict(obj.schema))
+        return out if out.schema == obj.schema else out.cast(obj.schema)
     if is_dataclass(obj) and not isinstance(obj, type) and not obj.__dataclass_params__.frozen:  # type: ignore[attr-defined]
         for f in fields(obj):
             setattr(obj, f.name, compact(getattr(obj, f.name)))
@@ -167,7 +167,7 @@ def _window_inside(tr: tuple[int, int], spec: str, origin: int, meta: Mapping[st
     end = (meta.get("window_ns") or [None, None])[1]
     if end is None and ov.ranks.height:
         hi = ov.ranks["hi"].max()
-        end = int(hi) if hi is not None else None  # type: ignore[arg-type]
+        end = int(hi) if hi is not None else None
     if end is None or end <= origin:
         return tr
     span = f"0s:{(end - origin) / 1e9:.6f}s"

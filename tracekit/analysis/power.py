@@ -163,7 +163,7 @@ def power_finish(parts: list[PowerResult], *, low_power_frac: float = 0.35, spin
     if spin.height:
         verdicts.append(
             f"{spin.height} collective kernel(s) ≥ {spin_min_ns / 1e6:g} ms ran at < {low_power_frac:.0%} of the power limit "
-            f"({spin['dur_ns'].sum() / 1e6:.1f} ms in total): spin-waiting on peers, not transferring"
+            f"({float(spin['dur_ns'].sum()) / 1e6:.1f} ms in total): spin-waiting on peers, not transferring"
         )
     return PowerResult(per, spin, verdicts, True)
 

@@ -97,7 +97,8 @@ class AnalysisResult:
         st = self.profiled_steps()
         if st.height == 0:
             return 0.0
-        return float(st.group_by("rank").len()["len"].mean() or 0.0)
+        m = st.group_by("rank").len()["len"].mean()
+        return float(m) if isinstance(m, (int, float)) else 0.0
 
     def tokens_per_s(self) -> float | None:
         """Tokens over step time of the profiled steps (all ranks): the step summary's definition, over every group."""

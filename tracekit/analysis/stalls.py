@@ -23,6 +23,7 @@ skew of that instance.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import polars as pl
 
@@ -36,7 +37,7 @@ STALL_CAUSES = ("delayed_forward", "host_sync", "cpu_launch_gap", "preceding_ker
 MIN_WAIT_NS = 50_000
 MIN_REL_STEP = 0.02
 
-_STALL_SCHEMA = {
+_STALL_SCHEMA: dict[Any, Any] = {
     "waiting_rank": pl.Int64, "late_rank": pl.Int64, "wait_ns": pl.Int64, "ts_ns": pl.Int64, "step": pl.Int64,
     "collective": pl.String, "pg": pl.String, "seq": pl.Int64, "coll_name": pl.String, "cause": pl.String,
     "detail": pl.String, "late_idle_before_ns": pl.Int64, "late_arrival_ns": pl.Int64,

@@ -14,6 +14,7 @@ durations (not exclusive). Profiled steps with no GPU op are flagged.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import polars as pl
 
@@ -33,7 +34,7 @@ class StepStats:
     summary: pl.DataFrame
     quality: list[Quality] = field(default_factory=list)
 
-    def to_json(self, max_steps: int = 200) -> dict:
+    def to_json(self, max_steps: int = 200) -> dict[str, Any]:
         return {
             "count": self.steps.select(pl.struct("rank", "step_id").n_unique()).item() if self.steps.height else 0,
             "summary": self.summary.to_dicts(),
@@ -66,11 +67,11 @@ def _step_table(st: pl.DataFrame, ops: pl.DataFrame, comm_wait: pl.DataFrame | N
     # ops without a category count as other_compute
     cat = pl.col("category")
     is_c = {c: (cat == c) | cat.is_null() if c == "other_compute" else (cat == c) for c in CATEGORIES}
-    ops = ops.lazy().filter(pl.col("step_id").is_not_null()).select(
+    lops = ops.lazy().filter(pl.col("step_id").is_not_null()).select(
         "rank", "step_id", "start", "end",
         *[pl.when(is_c[c].fill_null(False)).then(pl.col("dur_ns")).otherwise(0).alias(f"{c}_ns") for c in CATEGORIES],
     )
-    per_cat = ops.group_by(["rank", "step_id"]).agg(
+    per_cat = lops.group_by(["rank", "step_id"]).agg(
         [pl.col(f"{c}_ns").sum() for c in CATEGORIES]
         + [pl.len().alias("gpu_ops"), pl.col("start").min().alias("_g0"), pl.col("end").max().alias("_g1")]
     ).collect()

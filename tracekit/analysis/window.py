@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from tracekit._errors import QualityLog, UsageError
+from tracekit.analysis._num import as_int
 
 __all__ = ["Window", "select_window", "observed_spans", "transient_end_ns", "gpu_ops", "device_ops", "device_op_expr",
            "cpu_device_expr", "cpu_mode_ranks", "parse_time_range", "Overview", "trace_overview", "small_rows_expr", "SMALL_COLUMNS"]
@@ -87,7 +88,7 @@ def small_rows_expr(schema: pl.Schema | None = None) -> pl.Expr:
     consumers apply :func:`device_op_expr` with :attr:`Overview.cpu_ranks`.
     """
     kind = pl.col("kind")
-    fd = (schema or {}).get("family")
+    fd = schema.get("family") if schema is not None else None
     dev = kind.is_in(GPU) | (kind.is_in(CPU_DEVICE_KINDS) & pl.col("category").is_not_null())
     coll = (pl.col("category") == "communication") | _starts_with("family", COMM_FAMILY_PREFIXES[0], fd) \
         | _starts_with("family", COMM_FAMILY_PREFIXES[1], fd)
@@ -223,12 +224,12 @@ def transient_end_ns(df: pl.DataFrame | pl.LazyFrame, *, overview: "Overview | N
         "rank", "ts_ns", "dur_ns").collect()
     if comm.height == 0:
         return None
-    latest_first = int(ext["lo"].max())
+    latest_first = as_int(ext["lo"].max())
     after = comm.filter(pl.col("ts_ns") >= latest_first).sort("ts_ns", maintain_order=True)
     firsts = after.group_by("rank").agg((pl.col("ts_ns") + pl.col("dur_ns")).first().alias("end"))
     if firsts.height < ext.height:
         return None
-    return int(firsts["end"].max())
+    return as_int(firsts["end"].max())
 
 
 def observed_spans(
@@ -319,9 +320,9 @@ def _select(
     ext = ov.extents
     if ext.height == 0:
         return Window(None, None, reason="empty")
-    lo0 = int(ext["lo"].min())
+    lo0 = as_int(ext["lo"].min())
     lo = lo0
-    hi = int(ext["hi"].max())
+    hi = as_int(ext["hi"].max())
     if skip_steps:
         steps = ov.small.lazy().filter((pl.col("kind") == "step") & pl.col("profiled").fill_null(True)).select(
             "step_id", "ts_ns").collect().sort("ts_ns", maintain_order=True)
@@ -338,7 +339,7 @@ def _select(
     if trim_transient:
         t = transient_end_ns(lf, overview=ov)
         if t is not None and t > lo:
-            skew = int(ext["lo"].max()) - lo
+            skew = as_int(ext["lo"].max()) - lo
             if skew > min_skew_ns:
                 q.add(
                     "profiler_start_transient_trimmed",
