@@ -116,7 +116,8 @@ def next_win_finding(nw: Mapping[str, Any]) -> str | None:
     items = [f"{i}. {r['what']}: step {r['step_ns_p50'] / 1e6:.2f} ms ({r['change']:+.0%}){tps(r['tokens_per_s'])}"
              for i, r in enumerate(nw["rows"], 1)]
     cal = "calibrated replay" if b.get("calibrated") else "uncalibrated replay"
-    none = [f"{x['what']} ({x['why']})" for x in nw.get("skipped") or [] if x["why"].startswith("no predicted gain")]
+    none = [f"{x['what']} ({x['why'].removeprefix('no predicted gain (').removesuffix(')')})" for x in nw.get("skipped") or []
+            if x["why"].startswith("no predicted gain")]
     tail = f" Not predicted to shorten the step: {'; '.join(none)}." if none else ""
     return (f"Next win ({cal}, now {b['step_ns_p50'] / 1e6:.2f} ms per step{tps(b.get('tokens_per_s'))}): " + "; ".join(items)
             + "." + tail)
