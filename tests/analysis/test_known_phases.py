@@ -53,8 +53,10 @@ def check_truth(df: pl.DataFrame, truth: dict) -> dict[str, dict[str, int]]:
     for p in truth["phases"]:
         dur[p["name"]] = dur.get(p["name"], 0) + int(p["dur_ns"])
     sleep = by["sleep"]
-    # host asleep: idle, and never launch-bound (nor host sync / scheduler work)
-    assert sleep.get("launch_bound", 0) == 0 and sleep.get("host_sync", 0) == 0 and sleep.get("between_steps", 0) == 0
+    # host asleep: idle, never launch-bound (nor host sync / scheduler work); only the sync's return and the next
+    # launch call at the sleep's edges (µs on a GPU) keep their causes
+    busy_causes = sleep.get("launch_bound", 0) + sleep.get("host_sync", 0) + sleep.get("between_steps", 0)
+    assert busy_causes <= 0.002 * dur["sleep"], sleep
     assert sleep.get("host_idle", 0) >= 0.9 * dur["sleep"]
     tiny = by["tiny"]
     assert tiny.get("launch_bound", 0) > 0 and tiny.get("host_sync", 0) > 0  # the .item() every 50
