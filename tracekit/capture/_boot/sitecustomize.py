@@ -16,9 +16,15 @@ _T0_NS = time.time_ns()
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+#: processes that run no step of the program: launchers and helper pools (multiprocessing's resource
+#: tracker, inductor's compile workers); spawned multiprocessing workers are hooked (they may be ranks)
+_SKIP = ("torch.distributed.run", "torchrun", "torch.distributed.launch", "multiprocessing.resource_tracker",
+         "torch._inductor.compile_worker", "multiprocessing.forkserver")
+
+
 def _launcher() -> bool:
     argv = " ".join(getattr(sys, "orig_argv", sys.argv) or [])
-    return any(s in argv for s in ("torch.distributed.run", "torchrun", "torch.distributed.launch"))
+    return any(s in argv for s in _SKIP)
 
 
 def _install_hook() -> None:
