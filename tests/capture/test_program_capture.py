@@ -272,3 +272,17 @@ def test_torchrun_ranks_share_window_steps(tmp_path: Path):
     ids = {r: sorted(steps.filter(pl.col("rank") == r)["step_id"].to_list()) for r in (0, 1)}
     assert ids[0] == ids[1] and len(ids[0]) == 30
     assert not {q["code"] for q in meta["quality"]} & {"capture_window_late", "capture_rank_missing"}
+
+
+def test_program_ending_before_the_delay_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    for k, v in _env(tmp_path).items():
+        monkeypatch.setenv(k, v)
+    out = tmp_path / "late.parquet"
+    res = run_external([sys.executable, str(PROGS / "no_steps.py"), "--seconds", "2"], out,
+                       spec=WindowSpec(delay_s=60, steps=5), after="stop", say=lambda m: None)
+    assert res.returncode == 0 and not res.stopped  # it ended by itself: nothing was sent to it
+    _df, meta = read_trace(out)
+    q = {x["code"]: x["message"] for x in meta["quality"]}
+    assert "before --delay 60s" in q["capture_no_profiler_windows"]
+    assert "marked no step" in q["capture_no_steps"]
+    assert "capture_program_stopped" not in q and meta["capture"]["windows"] == []

@@ -85,6 +85,17 @@ def ranks_done(run_dir: Path) -> bool:
     return all((run_dir / f"rank{r}.done").exists() for r in started | want)
 
 
+def _exiting(run_dir: Path) -> bool:
+    """True when a rank finished its capture because its process is exiting (nothing left to stop)."""
+    for p in run_dir.glob("rank*.done"):
+        try:
+            if p.read_text().strip() in ("exit", "SIGTERM"):
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def _killpg(pid: int, sig: int) -> bool:
     try:
         os.killpg(pid, sig)
@@ -163,7 +174,7 @@ def run_external(
                     say(f"{res.interrupted}: stopping the program; every completed window is kept")
                 _killpg(proc.pid, sig)
                 forwarded += 1
-            if after == "stop" and stop_at is None and ranks_done(run_dir):
+            if after == "stop" and stop_at is None and ranks_done(run_dir) and not _exiting(run_dir):
                 say("capture complete; stopping the program (SIGINT)")
                 res.stopped = True
                 stop_at = time.monotonic()

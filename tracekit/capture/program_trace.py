@@ -230,8 +230,17 @@ def assemble_program(
     elif counters.height == 0:
         quality.add("telemetry_unavailable", "no GPU telemetry in the capture window (no rank used a sampled GPU)", severity="info")
     tel["gpu_of_rank"] = {str(r): d for d, r in owner.items()}
+    leader0 = extras.get(0) or extras[min(extras)]
+    if options.get("steps") and not leader0.get("steps_seen"):
+        quality.add("capture_no_steps", f"--steps {options['steps']}: the program marked no step (record_function labels such as "
+                    "forward#i or ProfilerStep#N; or pass --steps-from REGEX), so windows followed the clock")
     if not files:
-        quality.add("capture_no_profiler_windows", "no profiler window completed; the trace holds step records and counters only")
+        why = ""
+        if not leader0.get("windows"):
+            sa = options.get("start_at")
+            why = (f" (the start condition never came: --start-at {sa}" + (f" after --delay {options.get('delay_s'):g}s" if options.get("delay_s") else "") + ")"
+                   if sa else f" (the program ended before --delay {options.get('delay_s') or 0:g}s, or before its first window closed)")
+        quality.add("capture_no_profiler_windows", "no profiler window completed" + why + "; the trace holds step records and counters only")
     leader = extras.get(0) or extras[min(extras)]
     capture = {
         "target": "program",
