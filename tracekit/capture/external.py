@@ -57,15 +57,13 @@ class ProgramResult:
 
 
 def program_env(run_dir: Path, spec: WindowSpec, step_re: list[str], base: dict[str, str] | None = None) -> dict[str, str]:
-    """The program's environment: capture dir and spec, boot dir first on PYTHONPATH, loopback for c10d."""
+    """The program's environment: capture dir and spec, boot dir first on PYTHONPATH."""
     env = dict(os.environ if base is None else base)
     env["TRACEKIT_CAPTURE_DIR"] = str(run_dir)
     env["TRACEKIT_CAPTURE_SPEC"] = json.dumps({"spec": spec.to_json(), "step_re": step_re})
     env["TRACEKIT_PKG_PARENT"] = str(_PKG_PARENT)
     env["PYTHONPATH"] = os.pathsep.join([str(_BOOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    env.setdefault("NCCL_SOCKET_IFNAME", "lo")
-    return env
+    return env  # the program's own networking is left alone (tracekit's coordination is the file board)
 
 
 def ranks_done(run_dir: Path) -> bool:

@@ -121,7 +121,9 @@ class TorchBackend:
         p, self.prof = self.prof, None
         final = self.out_dir / f"rank{self.rank}.win{k}.trace.json"
         part = self.out_dir / f".rank{self.rank}.win{k}.part.json"
+        busy = self.out_dir / f"rank{self.rank}.exporting"  # says which window is stopping/exporting
         with deferred_signals(deliver=False) as held:
+            busy.write_text(str(k))
             t0 = time.perf_counter()
             self._sync()
             p.stop()
@@ -129,6 +131,7 @@ class TorchBackend:
             p.export_chrome_trace(str(part))
             os.replace(part, final)
             t2 = time.perf_counter()
+            busy.unlink(missing_ok=True)
             del p
         self.held.extend(held)
         return {"stop_s": round(t1 - t0, 4), "export_s": round(t2 - t1, 4), "bytes": final.stat().st_size,
