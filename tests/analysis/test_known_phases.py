@@ -86,3 +86,21 @@ def test_known_phases_gpu_capture():
     truth = json.loads((Path(d) / "known_phases_truth.json").read_text())
     by = check_truth(_convert(Path(d) / truth["trace"], Path(d)), truth)
     print(by)
+
+
+def test_nsys_planted_host_stall_is_host_idle_not_launch_bound():
+    """generated-h200/h200_1gpu: two planted host_stall gaps (cudaDeviceSynchronize + 4 ms sleep; nsys gpu_gaps: 4.26,
+    4.22 ms) are host idle; the GPU's other gaps keep their causes."""
+    p = Path(os.environ.get("TRACEKIT_TRACES", "/work/shared/traces")) / "nsys" / "generated-h200" / "h200_1gpu.sqlite"
+    if not p.exists():
+        pytest.skip("generated-h200 traces not available")
+    from tracekit.categories import default_rules
+    from tracekit.ingest.common import finalize_rank
+    from tracekit.ingest.nsys import read_nsys
+
+    ic = idle_causes(finalize_rank(read_nsys(p, rank=0)[0], default_rules()))
+    top = ic.largest.head(2)
+    assert top["cause"].to_list() == ["host_idle", "host_idle"]
+    assert all(3_900_000 < d < 4_300_000 for d in top["dur_ns"].to_list())  # the 4 ms sleeps (minus the sync's return)
+    tot = ic.by_rank_ns()["0"]
+    assert 8_000_000 < tot["host_idle"] < 8_600_000 and tot["launch_bound"] > 0 and tot["host_sync"] > 0
