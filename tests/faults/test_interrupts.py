@@ -175,3 +175,47 @@ def test_sigint_during_timeline_keeps_the_previous_page(big, tmp_path: Path) -> 
     secs = time.perf_counter() - t
     previous = out.read_bytes()
     assert _run_points(lambda: ["timeline", trace, "-o", out, "--force"], secs, out, previous) >= 2
+
+
+@pytest.mark.parametrize("delay", [0.5, 3.0, 6.0], ids=["starting", "ranks-starting", "running"])
+def test_sigint_during_capture_at_several_points(tmp_path: Path, delay: float) -> None:
+    """Ctrl-C while `tracekit capture` starts, while its ranks start, while they run: never a traceback or
+    exit 70. Before anything was collected: one line, exit 130, no output; afterwards the capture writes what
+    it collected (exit 0, `capture_interrupted`); no rank process outlives it, no run directory is left."""
+    pytest.importorskip("torch")
+    from faults.test_capture_faults import CLI_SMALL
+
+    private = tmp_path / "tmp"
+    private.mkdir()
+    out = tmp_path / "t.parquet"
+    env = dict(_env(), TMPDIR=str(private))
+    p = subprocess.Popen([*_exe(), "capture", *CLI_SMALL, "--ranks", "2", "--duration", "120s", "-o", out],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    time.sleep(delay)
+    p.send_signal(signal.SIGINT)
+    try:
+        _o, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert "Traceback" not in err and "internal error" not in err, err[-2000:]
+    assert p.returncode in (0, 130), (p.returncode, err[-2000:])
+    if p.returncode == 130:
+        _check_interrupted(p.returncode, err)
+        assert not out.exists()
+    else:
+        from tracekit.schema import read_metadata
+
+        assert "capture_interrupted" in {q["code"] for q in read_metadata(out)["quality"]}
+    assert list(private.glob("tracekit-capture-*")) == []
+    time.sleep(0.5)
+    left = [d.name for d in Path("/proc").iterdir() if d.name.isdigit() and _cmdline_has(d, str(private))]
+    assert left == [], f"rank processes still alive: {left}"
+
+
+def _cmdline_has(d: Path, text: str) -> bool:
+    try:
+        return text in (d / "environ").read_bytes().decode("utf-8", "replace")
+    except OSError:
+        return False
