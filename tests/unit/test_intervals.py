@@ -226,3 +226,20 @@ def test_overlap_index_large_keyed_frames_match_per_group() -> None:
         hit = ops.with_row_index("j").filter((pl.col("rank") == r) & (pl.col("start") < b) & (pl.col("end") > a))
         want += [(i, j) for j in hit["j"].to_list()]
     assert got.rows() == sorted(want) and len(want) > 100
+
+
+@settings(max_examples=100, deadline=None)
+@given(_ivg, st.lists(st.tuples(st.integers(0, 150), st.integers(0, 30)), min_size=1, max_size=6), st.booleans())
+def test_in_spans_matches_any_span(rows, sp, closed) -> None:
+    from tracekit.analysis.intervals import in_spans
+
+    rows = rows + [(0, 5, 0), (1, 10, 0)]  # zero-length rows where spans may touch
+    sp = sp + [(0, 5), (5, 5), (10, 0)]
+    spans = [(a, a + d) for a, d in sp]
+    df = _gframe(rows)
+    got = df.select(in_spans(spans, pl.col("start"), pl.col("end"), closed=closed).alias("m"))["m"].to_list() if df.height else []
+    if closed:
+        want = [any(e >= a and s <= b for a, b in spans) for _, s, e in df.rows()]
+    else:
+        want = [any(e > a and s < b for a, b in spans) for _, s, e in df.rows()]
+    assert got == want

@@ -21,7 +21,7 @@ from typing import Any
 
 import polars as pl
 
-from tracekit.analysis.intervals import intersect
+from tracekit.analysis.intervals import in_spans, intersect
 from tracekit.analysis.window import Window, cpu_mode_ranks, device_op_expr
 
 __all__ = ["PRIORITY", "SPLIT_PRIORITY", "Breakdown", "compute_breakdown", "breakdown_finish", "top_kernels", "uncategorized_top",
@@ -177,10 +177,7 @@ def _windowed(df: pl.DataFrame, window: Window, columns: list[str] | None = None
     if window.end_ns is not None:
         e = e & (pl.col("ts_ns") < window.end_ns)
     if window.spans:
-        inside = pl.lit(False)
-        for a, b in window.spans:
-            inside = inside | ((pl.col("ts_ns") + pl.col("dur_ns") > a) & (pl.col("ts_ns") < b))
-        e = e & inside
+        e = e & in_spans(window.spans, pl.col("ts_ns"), pl.col("ts_ns") + pl.col("dur_ns"))
     q = df.lazy().filter(e)
     return (q.select(columns) if columns is not None else q).collect()
 

@@ -28,6 +28,7 @@ from tracekit.analysis.efficiency import efficiency_finish, kernel_efficiency, m
 from tracekit.analysis.experts import expert_load_finding, expert_load_finish, expert_load_part
 from tracekit.analysis.findings import Finding, cross_rank_candidates, rank_findings
 from tracekit.analysis.interconnect import interconnect_verdict
+from tracekit.analysis.intervals import in_spans
 from tracekit.analysis.gaps import IdleCauses, idle_causes, restrict_to_spans
 from tracekit.analysis.pcie import PciePart, pcie_finish, pcie_part
 from tracekit.analysis.power import PowerResult, power_finish, power_part
@@ -223,10 +224,7 @@ def cross_rank_part(df: pl.DataFrame, plan: CrossRankPlan, *, ranks: list[int] |
     spans = plan.spans
     if spans:  # windowed capture: time between profiler windows was not recorded
         idle = restrict_to_spans(idle, spans)
-        inside = pl.lit(False)
-        for a, b in spans:
-            inside = inside | (((pl.col("ts_ns") + pl.col("dur_ns")) >= a) & (pl.col("ts_ns") <= b))
-        wdf = wdf.filter(inside)
+        wdf = wdf.filter(in_spans(spans, pl.col("ts_ns"), pl.col("ts_ns") + pl.col("dur_ns"), closed=True))
         total = sum(int(b) - int(a) for a, b in spans)
         observed = {int(r): total for r in wdf.get_column("rank").unique().to_list()}
     pcie = pcie_part(wdf, meta, instances=inst)

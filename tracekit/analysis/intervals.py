@@ -334,3 +334,24 @@ def intersect(
     keys = _by(by)
     j = overlap_join(df, spans, by=keys, start=start, end=end, right_start=span_start, right_end=span_end)
     return clip(j, pl.col(span_start), pl.col(span_end), start=start, end=end)
+
+
+def in_spans(spans: Sequence[tuple[int, int]], start: pl.Expr, end: pl.Expr, *, closed: bool = False) -> pl.Expr:
+    """Whether ``[start, end)`` overlaps any of ``spans`` (``closed``: ``[start, end]`` meets any ``[a, b]``).
+
+    One binary search per row over the (merged, sorted) span starts instead of one comparison per span:
+    the only candidate is the last span starting before the row ends.
+    """
+    if not spans:
+        return pl.lit(False)
+    merged: list[list[int]] = []
+    for a, b in sorted((int(a), int(b)) for a, b in spans):
+        if merged and (a <= merged[-1][1] if closed else a < merged[-1][1]):  # half-open: touching spans stay apart
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    starts = pl.Series([a for a, _ in merged], dtype=pl.Int64)
+    ends = pl.Series([b for _, b in merged], dtype=pl.Int64)
+    k = pl.lit(starts).search_sorted(end, side="right" if closed else "left").cast(pl.Int64) - 1
+    b_k = pl.lit(ends).gather(k.clip(lower_bound=0))
+    return (k >= 0) & ((b_k >= start) if closed else (b_k > start))
