@@ -312,7 +312,13 @@ def _add_next_win(source: FrameSource | ScanSource, ov: Any, meta: Mapping[str, 
         if isinstance(source, FrameSource):
             df = source.df
         elif int(ov.ranks["rows"].sum()) <= MAX_ROWS:
-            df = _collect(source.lazy(), getattr(source, "path", "trace"))
+            # only what replay reads (tracekit.replay.graph: these kinds and columns): not the counters, ranges and
+            # CPU operators, nor the other columns of a whole trace
+            from tracekit.replay.graph import _COLS as replay_cols
+            from tracekit.schema import GPU_OP_KINDS
+
+            lf = source.lazy().filter(pl.col("kind").is_in([*GPU_OP_KINDS, "runtime", "sync", "step"]))
+            df = _collect(lf.select(list(replay_cols)), getattr(source, "path", "trace"))
     nw = next_win(df, meta, view)
     del df
     extra["next_win"] = nw
