@@ -292,3 +292,25 @@ def test_program_ending_before_the_delay_says_why(tmp_path: Path, monkeypatch: p
     assert "before --delay 60s" in q["capture_no_profiler_windows"]
     assert "marked no step" in q["capture_no_steps"]
     assert "capture_program_stopped" not in q and meta["capture"]["windows"] == []
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_module_context_flag_adds_module_ranges(tmp_path, monkeypatch, on):
+    """``capture --module-context`` (run_external(module_context=True)) puts tk.mod[...] ranges around the
+    router, experts and attention modules of the program; without it the trace has none (it is opt-in)."""
+    for k, v in _env(tmp_path).items():
+        monkeypatch.setenv(k, v)
+    out = tmp_path / "t.parquet"
+    res = run_external([sys.executable, str(PROGS / "tiny_moe.py"), "--steps", "40"], out,
+                       spec=WindowSpec(steps=10), after="finish", telemetry=False, module_context=on,
+                       say=lambda m: None)
+    assert res.returncode == 0
+    df, meta = read_trace(out)
+    names = df.filter(pl.col("name").cast(pl.String).str.starts_with("tk.mod["))["name"].cast(pl.String)
+    roles = {n.split("[", 1)[1].split()[0] for n in names.unique().to_list()}
+    assert meta["capture"]["options"]["module_context"] is on
+    if on:
+        assert {"router", "experts", "attention"} <= roles, roles
+        assert names.len() >= 3 * 10  # every profiled step's three modules
+    else:
+        assert names.len() == 0

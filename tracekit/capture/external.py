@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tracekit import _env
 from tracekit._errors import CaptureError, QualityLog
 from tracekit.capture.window import WindowSpec
 
@@ -56,9 +57,15 @@ class ProgramResult:
     convert_s: float = 0.0
 
 
-def program_env(run_dir: Path, spec: WindowSpec, step_re: list[str], base: dict[str, str] | None = None) -> dict[str, str]:
-    """The program's environment: capture dir and spec, boot dir first on PYTHONPATH."""
+def program_env(run_dir: Path, spec: WindowSpec, step_re: list[str], base: dict[str, str] | None = None,
+                module_context: bool = False) -> dict[str, str]:
+    """The program's environment: capture dir and spec, boot dir first on PYTHONPATH; ``module_context``
+    asks the hook for ``tk.mod[...]`` ranges around MoE/expert/router/attention modules."""
     env = dict(os.environ if base is None else base)
+    if module_context:
+        env[_env.MODULE_CONTEXT] = "1"
+    else:
+        env.pop(_env.MODULE_CONTEXT, None)
     env["TRACEKIT_CAPTURE_DIR"] = str(run_dir)
     env["TRACEKIT_CAPTURE_SPEC"] = json.dumps({"spec": spec.to_json(), "step_re": step_re})
     env["TRACEKIT_PKG_PARENT"] = str(_PKG_PARENT)
@@ -112,6 +119,7 @@ def run_external(
     force: bool = False,
     keep_raw: Path | None = None,
     telemetry: bool = True,
+    module_context: bool = False,
     grace_s: float = 30.0,
     nvml: Any = None,
     say: Callable[[str], None] | None = None,
@@ -132,7 +140,7 @@ def run_external(
     except re.error as e:
         raise CaptureError(f"--steps-from {steps_from!r}: not a regular expression ({e})") from None
     run_dir = Path(tempfile.mkdtemp(prefix="tracekit-ext-"))
-    env = program_env(run_dir, spec, step_re)
+    env = program_env(run_dir, spec, step_re, module_context=module_context)
     quality = QualityLog()
     tel = None
     tel_info: dict[str, Any] = {"available": False, "reason": "disabled (--no-telemetry)"}
@@ -203,7 +211,8 @@ def run_external(
         quality.add("capture_program_stopped", "program stopped after its capture was on disk (--after stop)", severity="info")
     elif rc not in (0, None):
         quality.add("capture_program_failed", f"{cmd[0]} exited with code {rc}")
-    opts = {**spec.to_json(), "after": after, "steps_from": steps_from, "program_s": round(res.program_s, 3)}
+    opts = {**spec.to_json(), "after": after, "steps_from": steps_from, "module_context": module_context,
+            "program_s": round(res.program_s, 3)}
     say(f"program ran {res.program_s:.1f} s; converting")
     t_conv = time.monotonic()
     try:

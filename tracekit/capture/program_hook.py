@@ -316,4 +316,11 @@ def install(t0_ns: int | None = None) -> bool:
     else:
         _say(f"rank {rank}: torch imported off the main thread; windows follow steps only")
     _STATE.update(ctl=ctl, records=records, finish=finish)
+    if os.environ.get(_env.MODULE_CONTEXT) == "1":
+        try:  # opt-in (capture --module-context): its overhead is well above 1% of a fast step on a GPU
+            from tracekit.capture import module_context
+
+            module_context.install()
+        except Exception as e:  # noqa: BLE001 - never break the program
+            _say(f"rank {rank}: module context not installed: {type(e).__name__}: {e}")
     return True

@@ -64,7 +64,8 @@ def _sglang_detected(url: str) -> bool:
 
 def _capture_program(program: List[str], output: Path, *, duration: Optional[str], delay: Optional[str],
                      start_at: Optional[str], window: str, steps: Optional[int], after: str,
-                     steps_from: Optional[str], force: bool, keep_raw: Optional[Path], telemetry: bool) -> None:
+                     steps_from: Optional[str], force: bool, keep_raw: Optional[Path], telemetry: bool,
+                     module_context: bool = False) -> None:
     from tracekit.capture.external import run_external
     from tracekit.capture.window import WindowSpec
 
@@ -81,7 +82,7 @@ def _capture_program(program: List[str], output: Path, *, duration: Optional[str
         window_s=win,
     )
     res = run_external(program, output, spec=spec, after=after, steps_from=steps_from, force=force,
-                       keep_raw=keep_raw, telemetry=telemetry)
+                       keep_raw=keep_raw, telemetry=telemetry, module_context=module_context)
     cap = res.metadata.get("capture", {})
     s = cap.get("summary", {})
     w = cap.get("window_ns") or [0, 0]
@@ -137,6 +138,7 @@ def register(app: typer.Typer) -> None:
         telemetry: bool = typer.Option(True, "--telemetry/--no-telemetry", help="NVML power/clock/PCIe sampler."),
         keep_raw: Optional[Path] = typer.Option(None, "--keep-raw", help="Also keep per-rank Kineto JSON and records here."),
         no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
+        module_context: bool = typer.Option(False, "--module-context", help="Program: a tk.mod[...] range around every forward of MoE/expert/router/attention modules, so categories use module context without stacks (off by default: 8-17% of a decode step on an H200)."),
         oversubscribe: bool = typer.Option(False, "--oversubscribe", help=f"Allow more CPU ranks than {CPU_RANKS_PER_CORE} per core (at most {MAX_CPU_RANKS})."),
     ) -> None:
         """Capture a trace: an SGLang server if one answers, else the built-in GLM-5-shaped MoE workload.
@@ -149,7 +151,7 @@ def register(app: typer.Typer) -> None:
         if program:
             _capture_program(program, output, duration=duration, delay=delay, start_at=start_at, window=window,
                              steps=steps, after=after, steps_from=steps_from, force=force, keep_raw=keep_raw,
-                             telemetry=telemetry)
+                             telemetry=telemetry, module_context=module_context)
             return
         secs = parse_duration(duration or "30s")
         target = sglang or (url if not workload and _sglang_detected(url) else None)
