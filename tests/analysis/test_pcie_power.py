@@ -65,6 +65,23 @@ def test_memcpy_fallback():
     assert p["pct_of_link"] == pytest.approx(88.0, abs=0.5)
 
 
+def test_phase_never_above_the_link():
+    """Copies measured above the link model (overlapping engines, a wrong link generation) and counters above 100%
+    are reported at the link: no phase says more than 100% or more bytes/s than the link carries."""
+    df, meta = build(ranks=1, steps=2)
+    t0, t1 = int(df["ts_ns"].min()), int(df["ts_ns"].max())
+    mib64 = 64 << 20
+    dur = int(mib64 / (1.5 * GEN5) * 1e9)  # 150% of the link
+    rows = [dict(rank=0, kind="memcpy", ts_ns=t0 + i * dur, dur_ns=dur, bytes=mib64, memcpy_kind="HtoD",
+                 name="Memcpy HtoD (Pinned -> Device)", category="memory") for i in range(3)]
+    p = pcie_phases(_with(df, rows), meta).row(0, named=True)
+    assert p["pct_of_link"] == pytest.approx(100.0) and p["achieved_bytes_per_s"] == pytest.approx(GEN5, rel=1e-6)
+    for name, v in (("pcie_rx_pct", 130.0), ("pcie_rx_bytes_per_s", 1.3 * GEN5)):
+        ph = pcie_phases(_with(df, counter_rows(0, name, t0, t1, 100_000, lambda t, v=v: v)), meta)
+        assert ph.height >= 1 and ph["pct_of_link"].max() <= 100.0
+        assert ph["achieved_bytes_per_s"].max() <= GEN5 * (1 + 1e-9)
+
+
 def test_collective_phase_only_without_nvlink():
     df, _ = build(ranks=2, steps=2, nelems=64 << 20, transfer_ns=2_000_000)
     from tracekit.analysis.collectives import match_collectives

@@ -61,6 +61,7 @@ def _from_counters(df: pl.DataFrame, links: pl.DataFrame, threshold: float, min_
     ).join(links, on="rank", how="left")
     frac = pl.when(pl.col("is_pct")).then(pl.col("value") / 100.0).otherwise(fdiv(pl.col("value"), pl.col("link")))
     rate = pl.when(pl.col("is_pct")).then(pl.col("value") / 100.0 * pl.col("link")).otherwise(pl.col("value"))
+    rate = pl.when(pl.col("link").is_not_null() & (rate > pl.col("link"))).then(pl.col("link")).otherwise(rate)  # never above the link
     c = c.with_columns(frac.alias("frac"), rate.alias("rate")).filter(pl.col("frac").is_not_null()).sort(["rank", "direction", "ts_ns"])
     key = ["rank", "direction"]
     c = c.with_columns(
@@ -93,9 +94,12 @@ def _from_memcpy(df: pl.DataFrame, links: pl.DataFrame, threshold: float, merge_
     m = m.with_columns((pl.col("_pe").is_null() | (pl.col("s") > pl.col("_pe") + merge_gap_ns)).cum_sum().over(key).alias("grp"))
     ph = m.group_by(key + ["grp"]).agg(pl.col("s").min().alias("start_ns"), pl.col("e").max().alias("end_ns"), pl.col("bytes").sum())
     ph = ph.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("dur_ns")).join(links, on="rank", how="left")
-    ph = ph.with_columns((pl.col("bytes") / (pl.col("dur_ns") * 1e-9)).alias("achieved_bytes_per_s")).with_columns(
-        (fdiv(pl.col("achieved_bytes_per_s"), pl.col("link")) * 100).alias("pct_of_link")
-    )
+    # merged copies can measure above the link model (copies of one direction overlapping on two engines, or a
+    # link generation the metadata got wrong): never report more than the link carries
+    raw = pl.col("bytes") / (pl.col("dur_ns") * 1e-9)
+    ph = ph.with_columns(
+        pl.when(pl.col("link").is_not_null() & (raw > pl.col("link"))).then(pl.col("link")).otherwise(raw).alias("achieved_bytes_per_s")
+    ).with_columns((fdiv(pl.col("achieved_bytes_per_s"), pl.col("link")) * 100).alias("pct_of_link"))
     ph = ph.filter((pl.col("pct_of_link") >= threshold * 100) & (pl.col("dur_ns") >= min_phase_ns))
     return ph.select("rank", "start_ns", "dur_ns", "direction", "achieved_bytes_per_s", "pct_of_link", pl.lit("memcpy").alias("source"))
 
@@ -131,7 +135,9 @@ def _during(phases: pl.DataFrame, df: pl.DataFrame, top: int = 3) -> pl.DataFram
 
 
 def _typed(p: pl.DataFrame) -> pl.DataFrame:
-    return p.select([c for c in PHASE_COLUMNS if c != "during"]).cast({c: t for c, t in PHASE_COLUMNS.items() if c != "during"})
+    """The phase columns, typed; ``pct_of_link`` never above 100 (no figure beyond what the link carries)."""
+    p = p.select([c for c in PHASE_COLUMNS if c != "during"]).cast({c: t for c, t in PHASE_COLUMNS.items() if c != "during"})
+    return p.with_columns(pl.col("pct_of_link").clip(upper_bound=100.0))
 
 
 @dataclass
