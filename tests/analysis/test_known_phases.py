@@ -1,8 +1,7 @@
 """Idle causes against the known-phase program's own clock (capture_scripts/known_phases.py).
 
-The CPU version runs here (torch CPU); the GPU version's trace + truth, when the lead has run it on
-an H200 (``python capture_scripts/known_phases.py --out $OUT``), is checked by the same function
-from ``TRACEKIT_KNOWN_PHASES`` (a directory holding both files).
+The CPU version runs here (torch CPU); the GPU version is an H200 capture's first cycle checked in under
+tests/fixtures/gpu/known_phases (or any capture's directory in ``TRACEKIT_KNOWN_PHASES``), checked by the same function.
 """
 
 from __future__ import annotations
@@ -80,15 +79,22 @@ def test_known_phases_cpu(tmp_path):
 
 
 def test_known_phases_gpu_capture():
-    d = os.environ.get("TRACEKIT_KNOWN_PHASES")
-    if not d or not (Path(d) / "known_phases_truth.json").exists():
-        pytest.skip("no GPU known-phase capture (TRACEKIT_KNOWN_PHASES)")
-    truth = json.loads((Path(d) / "known_phases_truth.json").read_text())
-    tr = Path(d) / truth["trace"]
+    """The H200 capture's cycle 0 (tests/fixtures/gpu/known_phases, cut.py); TRACEKIT_KNOWN_PHASES (a directory holding
+    a capture's trace + truth) overrides it."""
+    d = Path(os.environ.get("TRACEKIT_KNOWN_PHASES") or ROOT / "tests" / "fixtures" / "gpu" / "known_phases")
+    if not (d / "known_phases_truth.json").exists():
+        pytest.fail(f"{d}: no known_phases_truth.json")
+    truth = json.loads((d / "known_phases_truth.json").read_text())
+    assert truth["device_mode"] == "gpu"
+    tr = d / truth["trace"]
     if not tr.exists():  # gzipped after the run
         tr = tr.with_name(tr.name + ".gz")
-    by = check_truth(_convert(tr, Path(d)), truth)
-    print(by)
+    by = check_truth(_convert(tr, d), truth)
+    dur: dict[str, int] = {}
+    for p in truth["phases"]:
+        dur[p["name"]] = dur.get(p["name"], 0) + int(p["dur_ns"])
+    for ph, causes in by.items():
+        print(f"{ph}: truth {dur[ph] / 1e6:.1f} ms;", ", ".join(f"{c} {ns / 1e6:.3f} ms" for c, ns in sorted(causes.items())))
 
 
 def test_nsys_planted_host_stall_is_host_idle_not_launch_bound():
