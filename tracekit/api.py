@@ -11,9 +11,8 @@ from typing import Any, Sequence
 
 import polars as pl
 
-from tracekit.analysis.pipeline import ANALYSIS_VERSION, FrameSource, ScanSource, basic_findings, ranks_filter, run_analysis
+from tracekit.analysis.pipeline import ANALYSIS_VERSION, FrameSource, ScanSource, ranks_filter, run_analysis
 from tracekit.analysis.result import AnalysisResult
-from tracekit.analysis.window import Window
 from tracekit.ingest.convert import ConvertResult, convert
 from tracekit.schema import read_metadata, scan_trace
 
@@ -59,17 +58,15 @@ def analyze_result(
     """:func:`analyze` as the typed :class:`~tracekit.analysis.result.AnalysisResult` every view reads."""
     meta = read_metadata(path)
     lf = ranks_filter(scan_trace(path), ranks)
-    if steps_from is not None:
+    source: FrameSource | ScanSource = ScanSource(path, lf)
+    if steps_from is not None:  # re-derived steps need the whole trace in memory once
         from tracekit.ingest.common import resteps
         from tracekit.steplabels import compile_steps_from
 
-        df = resteps(lf.collect(), compile_steps_from(steps_from) or steps_from)
-        res = run_analysis(FrameSource(df), {**meta, "steps_from": steps_from}, window=window, skip_steps=skip_steps,
-                           trim_transient=trim_transient, top=top, cross_rank=cross_rank)
-        res.sections["trace"] = str(path)
-        return res
-    res = run_analysis(ScanSource(path, lf), meta, window=window, skip_steps=skip_steps, trim_transient=trim_transient,
-                       top=top, cross_rank=cross_rank)
+        source = FrameSource(resteps(lf.collect(), compile_steps_from(steps_from) or steps_from))
+        meta = {**meta, "steps_from": steps_from}
+    res = run_analysis(source, meta, window=window, skip_steps=skip_steps, trim_transient=trim_transient, top=top,
+                       cross_rank=cross_rank)
     res.sections["trace"] = str(path)
     return res
 
@@ -103,10 +100,3 @@ def analyze_frame_result(
     return run_analysis(FrameSource(df), meta, window=window, skip_steps=skip_steps, trim_transient=trim_transient, top=top,
                         cross_rank=cross_rank)
 
-
-_basic_findings = basic_findings
-
-
-def _window_of(res: dict[str, Any]) -> Window:
-    w = res["window"]
-    return Window(w["start_ns"], w["end_ns"], w["trimmed_transient_ns"], w["skipped_steps"], w["reason"])
