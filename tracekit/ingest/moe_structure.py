@@ -24,6 +24,12 @@ order (host order: one model forward is a sequence):
 * **eager attention** = GEMM, at most :data:`MAX_ATTN_GAP` ops, ``softmax``, at most
   :data:`MAX_ATTN_GAP` ops, GEMM, no top-k among them (outside any router/MoE block): both GEMMs (QK^T and PV) and the
   softmax are ``attention`` (family ``attention.eager``).
+* **sparse-attention indexer** (DeepSeek-V3.2 / GLM-5 DSA "lightning indexer", NSA-style top-k attention) =
+  a top-k outside every MoE block whose next GEMM-or-attention op is an attention kernel (nothing but mask
+  building between): the top-k picks the keys that attention reads. The GEMM chain just before the top-k
+  (query-key scores, head weights, the weighted sum) is attention math (family ``attention.indexer``);
+  the top-k and the mask building stay other_compute. A router's top-k is followed by expert GEMMs, a
+  sampler's by the next step's projections, so neither matches.
 
 Only ops whose category came from a name rule are touched (a context rule's attribution from
 module ranges wins). Vectorized: cumulative counts and ``join_asof`` on op positions; regexes run on
@@ -49,6 +55,10 @@ NORM_ANCHOR_REGEX = r"MeanOps|(?i:rms_?norm|layer_?norm)|^triton_(red|per)_fused
 MAX_PROBS_TO_TOPK = 4
 MAX_GEMM_TO_PROBS = 3
 MAX_ATTN_GAP = 4
+#: a sparse-attention indexer: its top-k at most this many ops before the attention it feeds (mask building between)
+MAX_INDEXER_TO_ATTN = 24
+#: ... and its key-scoring GEMMs within this many ops before the top-k
+MAX_INDEXER_SPAN = 16
 
 GPU_KINDS = ["kernel", "memcpy", "memset"]
 _GEMM_CATS = ["dense_gemm"]
@@ -183,6 +193,12 @@ def apply_moe_structure(df: pl.DataFrame) -> pl.DataFrame:
         pos_hit = pl.concat([att.select(pl.col(c).alias("_pos")) for c in ("_a", "_s", "_b")]).unique()
         hit = ops.join(pos_hit, on="_pos", how="inner").filter(by_name & pl.col("_cat").is_in(["dense_gemm", "other_compute"]))
         upd.append(hit.select("_row", pl.lit("attention").alias("_c"), pl.lit("attention.eager").alias("_f")))
+        eager_pos = hit.select("_pos")
+    else:
+        eager_pos = pl.DataFrame(schema={"_pos": pl.Int64})
+    idx = _indexer_gemms(ops, blocks, eager_pos, by_name)
+    if idx.height:
+        upd.append(idx.select("_row", pl.lit("attention").alias("_c"), pl.lit("attention.indexer").alias("_f")))
     if not upd:
         return df
     u = pl.concat(upd, how="vertical_relaxed").unique("_row", keep="first")
@@ -191,3 +207,42 @@ def apply_moe_structure(df: pl.DataFrame) -> pl.DataFrame:
         pl.coalesce(pl.col("_c").cast(pl.Categorical), pl.col("category").cast(pl.Categorical)).alias("category"),
         pl.coalesce(pl.col("_f").cast(pl.Categorical), pl.col("family").cast(pl.Categorical)).alias("family"),
     ).drop(["_row", "_c", "_f"])
+
+
+def _indexer_gemms(ops: pl.DataFrame, blocks: pl.DataFrame, eager_pos: pl.DataFrame, by_name: pl.Expr) -> pl.DataFrame:
+    """The key-scoring GEMMs of a sparse-attention indexer (module docstring): ``_row`` of each.
+
+    A top-k outside every MoE block whose next GEMM-or-attention op is an attention op (a named attention
+    kernel, or eager attention found above) at most :data:`MAX_INDEXER_TO_ATTN` ops later selects keys
+    for that attention. The GEMM chain ending at most ``MAX_ATTN_GAP + 1`` ops before it (consecutive
+    GEMMs at most ``MAX_ATTN_GAP`` ops apart, within :data:`MAX_INDEXER_SPAN` ops of the top-k) scored
+    the keys: attention, not dense GEMMs.
+    """
+    pos = pl.col("_pos")
+    empty = pl.DataFrame(schema={"_row": pl.UInt32})
+    if not ops.select(pl.col("_topk").any()).item():
+        return empty
+    attn = (pl.col("_kind") == "kernel") & ((pl.col("_cat") == "attention") | pos.is_in(eager_pos["_pos"].implode()))
+    o = ops.with_columns(attn.alias("_attn")).with_columns((pl.col("_gemm") & ~pl.col("_attn")).alias("_gx"))
+    o = o.with_columns(
+        pl.when(pl.col("_attn")).then(pos).backward_fill().shift(-1).alias("_a_next"),
+        pl.when(pl.col("_gx")).then(pos).backward_fill().shift(-1).alias("_gx_next"),
+        pl.when(pl.col("_gx")).then(pos).forward_fill().shift(1).alias("_gx_prev"),
+    )
+    cand = o.filter(
+        pl.col("_topk") & pl.col("_a_next").is_not_null() & (pl.col("_a_next") - pos <= MAX_INDEXER_TO_ATTN)
+        & (pl.col("_gx_next").is_null() | (pl.col("_gx_next") > pl.col("_a_next")))
+        & pl.col("_gx_prev").is_not_null() & (pos - pl.col("_gx_prev") <= MAX_ATTN_GAP + 1)
+    ).select(pos.alias("_k"), pl.col("_gx_prev").alias("_g1"))
+    if cand.height and blocks.height:  # a router's or dispatch's top-k is not an indexer's
+        cand = cand.sort("_k").join_asof(blocks.select("_start", "_end").sort("_start"), left_on="_k", right_on="_start",
+                                         strategy="backward").filter(pl.col("_end").is_null() | (pl.col("_k") > pl.col("_end")))
+    if cand.height == 0:
+        return empty
+    # GEMM chains: a new chain where the gap to the previous (non-attention) GEMM exceeds MAX_ATTN_GAP ops
+    g = o.filter(pl.col("_gx")).select("_pos", "_row", "_cat", "_fam").with_columns(
+        ((pos - pos.shift(1)).fill_null(MAX_INDEXER_SPAN + 1) > MAX_ATTN_GAP + 1).cum_sum().alias("_chain"))
+    chain_of = g.select(pos.alias("_g1"), "_chain")
+    cand = cand.join(chain_of, on="_g1", how="inner").select("_k", "_chain")
+    hit = g.join(cand, on="_chain", how="inner").filter((pos < pl.col("_k")) & (pl.col("_k") - pos <= MAX_INDEXER_SPAN))
+    return hit.filter(by_name & (pl.col("_cat") == "dense_gemm")).select("_row").unique()
