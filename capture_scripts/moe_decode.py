@@ -41,6 +41,13 @@ def build(arch: str, layers: int, experts: int, hidden: int, device: str) -> tor
     return model.to(device=device, dtype=torch.bfloat16).eval()
 
 
+def _stack_profiler(device: str) -> "torch.profiler.profile":
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    return profile(activities=acts, with_stack=True, with_modules=True, record_shapes=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", choices=["qwen3_moe", "olmoe"], default="qwen3_moe")
@@ -53,6 +60,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=600, help="decode steps after the warm-up")
     ap.add_argument("--report", default="moe_decode.json")
     ap.add_argument("--device", default="cuda", help="cuda (the acceptance run) or cpu (a smoke test)")
+    ap.add_argument("--stack-trace", default=None,
+                    help="write a with_stack=True twin (Kineto JSON, .gz ok) of --stack-steps decode steps right after the warm-up: "
+                         "the ground truth of tests/corpus (tests/corpus/truth.py) for a capture of the same program")
+    ap.add_argument("--stack-steps", type=int, default=5)
     a = ap.parse_args()
     model = build(a.arch, a.layers, a.experts, a.hidden, a.device)
     sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
@@ -66,10 +77,18 @@ def main() -> None:
         sync()
         t_warm = None
         t_loop = None
+        prof = None
         for i in range(1, a.warmup + a.steps + 1):
             if i == a.warmup + 1:
                 t_warm = time.time() - T_START
                 t_loop = time.perf_counter()
+                if a.stack_trace:
+                    prof = _stack_profiler(a.device)
+                    prof.__enter__()
+            if prof is not None and i == a.warmup + 1 + a.stack_steps:
+                prof.__exit__(None, None, None)
+                prof.export_chrome_trace(a.stack_trace)
+                prof = None
             t0 = time.perf_counter_ns()
             with record_function(f"forward#{i}:decode:bs={a.bs}"):
                 out = model(input_ids=nxt, past_key_values=cache, use_cache=True)
@@ -82,7 +101,8 @@ def main() -> None:
     rep = {"arch": a.arch, "layers": a.layers, "experts": a.experts, "hidden": a.hidden, "bs": a.bs,
            "warmup_steps": a.warmup, "warmup_end_s": t_warm, "decode_steps": len(durs), "decode_loop_s": loop_s,
            "step_ns": durs, "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu", "torch": torch.__version__,
-           "traced": bool(os.environ.get("TRACEKIT_CAPTURE_DIR"))}
+           "traced": bool(os.environ.get("TRACEKIT_CAPTURE_DIR")),
+           "stack_trace": {"path": a.stack_trace, "first_step": a.warmup + 1, "steps": a.stack_steps} if a.stack_trace else None}
     with open(a.report, "w") as f:
         json.dump(rep, f)
     durs_sorted = sorted(durs)
