@@ -110,9 +110,12 @@ def nvtx_truth(df: pl.DataFrame) -> dict[str, float]:
 def measure(case: str, workdir: Path) -> dict[str, Any]:
     exp = load(case)
     src = trace_path(exp)
-    out = workdir / f"{case}.parquet"
-    convert([src], out, force=True)
-    df, _ = read_trace(out)
+    if src.suffix == ".parquet":  # a trace made by `tracekit capture`: read as it came out
+        df, _ = read_trace(src)
+    else:
+        out = workdir / f"{case}.parquet"
+        convert([src], out, force=True)
+        df, _ = read_trace(out)
     missing: list[str] = []
     if exp["truth_method"] == "nvtx_ranges":
         # truth from the ranges; ours from the launch pattern alone: the same rows finalized without them

@@ -11,6 +11,12 @@ For each run NAME of the raw folder (``NAME.plain.json.gz`` as users profile, ``
   per-step clock (``host_ns`` = perf_counter around the step, ``gpu_ms`` = CUDA events around it).
 
 The corpus test (``test_corpus.py``) never reads the raw folder: only these two files per run.
+
+``program_capture/`` holds a trace made *through* ``tracekit capture -- capture_scripts/moe_decode.py`` (its
+``trace.parquet``, the program's own clock ``captured.json``) and a with_stack twin of the same program and config
+(``moe_decode.py --stack-trace``): :func:`build_capture` writes ``fixtures/qwen3moe_grouped_capture.parquet`` (the
+capture as it came out, under 3 MB) and its expectation (truth from the twin, steps = the ``--steps`` the capture
+was asked for, program clock of those steps).
 """
 
 from __future__ import annotations
@@ -60,6 +66,55 @@ def build(raw: Path, run: str) -> dict:
     return exp
 
 
+CAPTURE_CASE = "qwen3moe_grouped_capture"
+
+
+def build_capture(raw: Path) -> dict:
+    import shutil
+
+    import polars as pl
+
+    sys.path.insert(0, str(HERE.parents[1]))
+    from tracekit.schema import read_trace
+
+    src = raw / "program_capture"
+    fx = HERE / "fixtures" / f"{CAPTURE_CASE}.parquet"
+    shutil.copyfile(src / "moe_program.parquet", fx)
+    df, meta = read_trace(fx)
+    labels = df.filter(pl.col("kind") == "step").sort("ts_ns")["name"].cast(pl.String).to_list()
+    prog_run = json.loads((src / "captured.json").read_text())
+    first = prog_run["warmup_steps"] + 1  # step_ns[0] is forward#<warmup + 1>
+    prog = []
+    for lab in labels:
+        i = int(lab.split("#", 1)[1].split(":", 1)[0])
+        # the program syncs at every step end, so its host clock spans the step's GPU work too
+        prog.append({"label": lab, "host_ns": prog_run["step_ns"][i - first], "gpu_ms": 0.0})
+    t = truth(src / "moe_program.stack.json.gz")
+    twin = json.loads((src / "twin.json").read_text())
+    asked = int(meta["capture"]["options"]["steps"])
+    exp = {
+        "trace": f"fixtures/{CAPTURE_CASE}.parquet",
+        "source": "tracekit capture --delay 36.1s --steps 60 --window 1s -- capture_scripts/moe_decode.py (as it came out); "
+                  "truth from moe_decode.py --stack-trace (same program and config, 5 decode steps after the warm-up)",
+        "truth_method": "with_stack",
+        "model": {"family": "qwen3moe", "model_type": prog_run["arch"], "experts_implementation": "grouped_mm (transformers default)",
+                  "attn_implementation": "sdpa", "torch": prog_run["torch"], "transformers": "5.17.0", "gpu": prog_run["device"],
+                  "config": {k: prog_run[k] for k in ("layers", "experts", "hidden", "bs")}, "twin_steps": twin["stack_trace"]},
+        "shares_pct": t["shares_pct"],
+        "truth_busy_ns": t["busy_ns"],
+        "truth_top": t["by_name"][:25],
+        "steps": {"count": asked, "labels": labels, "modes": ["DECODE"], "batch_size": prog_run["bs"]},
+        "program_clock": prog,
+        "fixture_bytes": fx.stat().st_size,
+    }
+    assert len(labels) == asked, (len(labels), asked)
+    out = HERE / "expect" / f"{CAPTURE_CASE}.json"
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(exp, indent=1) + "\n")
+    tmp.replace(out)
+    return exp
+
+
 def main(argv: list[str]) -> int:
     raw = Path(argv[0]) if argv else Path("/work/corpus_raw")
     runs = argv[1:] or sorted(p.name[: -len(".plain.json.gz")] for p in raw.glob("*.plain.json.gz"))
@@ -69,6 +124,9 @@ def main(argv: list[str]) -> int:
             continue
         e = build(raw, r)
         print(f"{r}: {e['fixture_bytes'] / 1e6:.2f} MB, " + " ".join(f"{k}={v:.1f}" for k, v in e["shares_pct"].items()))
+    if not argv[1:] and (raw / "program_capture" / "moe_program.stack.json.gz").exists():
+        e = build_capture(raw)
+        print(f"{CAPTURE_CASE}: {e['fixture_bytes'] / 1e6:.2f} MB, " + " ".join(f"{k}={v:.1f}" for k, v in e["shares_pct"].items()))
     return 0
 
 
