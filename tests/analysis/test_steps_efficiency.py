@@ -27,6 +27,18 @@ def test_step_stats_percentiles_and_tokens():
     assert s.steps.filter((pl.col("rank") == 0) & (pl.col("step_id") == 0))["comm_wait_ns"][0] == 2_000_000
 
 
+def test_tokens_per_s_is_null_without_token_counts_and_uses_only_counted_steps():
+    df, _ = build(ranks=1, steps=4)
+    none = step_stats(df.with_columns(pl.lit(None, dtype=pl.Int64).alias("tokens")))
+    assert none.summary["tokens_per_s"][0] is None  # not 0.0 tokens/s
+    st = df.filter(pl.col("kind") == "step").sort("ts_ns")
+    first = st["step_id"][0]
+    part = step_stats(df.with_columns(pl.when((pl.col("kind") == "step") & (pl.col("step_id") != first))
+                                      .then(pl.lit(None, dtype=pl.Int64)).otherwise(pl.col("tokens")).alias("tokens")))
+    s0 = part.steps.filter(pl.col("step_id") == first).row(0, named=True)
+    assert part.summary["tokens_per_s"][0] == pytest.approx(s0["tokens"] / (s0["step_ns"] * 1e-9))
+
+
 def test_step_without_gpu_flagged():
     df, _ = build(ranks=1, steps=2)
     extra = frame_from_rows([dict(rank=0, kind="step", ts_ns=int(df["ts_ns"].max()) + 10_000_000, dur_ns=1_000_000,

@@ -133,7 +133,10 @@ def step_finish(parts: list[StepPart]) -> StepStats:
             pl.col("gpu_span_ns").quantile(0.5, "nearest").alias("gpu_span_p50_ns"),
             pl.col("step_ns").quantile(0.5, "nearest").alias("step_p50_ns"),
             pl.col("step_ns").quantile(0.9, "nearest").alias("step_p90_ns"),
-            (pl.col("tokens").sum() / (pl.col("step_ns").sum() * 1e-9)).alias("tokens_per_s"),
+            # over the steps that carry a token count; null (not 0) when none does
+            pl.when(pl.col("tokens").count() > 0)
+            .then(pl.col("tokens").sum() / (pl.col("step_ns").filter(pl.col("tokens").is_not_null()).sum() * 1e-9))
+            .alias("tokens_per_s"),
         )
         .sort(["mode", "batch_size"], nulls_last=True)
     )
