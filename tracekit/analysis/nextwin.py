@@ -12,20 +12,99 @@ Candidates come from the analysis' own verdicts (:func:`candidates`):
 :func:`next_win` replays them (:func:`tracekit.replay.api.replay`, calibrated to the unprofiled timing when the capture
 has one) and ranks them by predicted gain; a scenario that predicts no gain is listed under ``skipped`` with the reason.
 Replay needs GPU ops: on a CPU-mode trace the section says so.
+
+**What is replayed** (:func:`replay_rows`): replay predicts the p50 step time, so a bounded sample of profiled steps
+stands for the whole trace. A trace of up to :data:`REPLAY_ROWS` rows replays whole. A larger one replays ``k``
+job steps (the n-th profiled step of every rank), ``k`` = as many as fit in :data:`REPLAY_ROWS` rows at the trace's
+rows per step, at most :data:`REPLAY_STEPS`, in up to :data:`REPLAY_SEGMENTS` stretches of consecutive steps spread
+evenly over the trace. Each stretch is, per rank, the rows from the start of its first step to the start of the step
+after its last (GPU ops by their launch time), read one rank at a time from the scan: memory is bounded by the
+sample, not the trace. The unprofiled step timings (calibration) are read whole; they are one row per forward.
+The section's ``baseline.replayed`` says what was replayed.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
+import numpy as np
 import polars as pl
 
 from tracekit.analysis.gpus import gpu_peaks
 
-__all__ = ["candidates", "next_win", "next_win_finding", "MAX_ROWS"]
+__all__ = ["candidates", "next_win", "next_win_finding", "replay_rows", "MAX_ROWS", "REPLAY_ROWS", "REPLAY_STEPS",
+           "REPLAY_SEGMENTS"]
 
-#: traces with more rows than this are not replayed inside ``analyze`` (``tracekit replay`` does it)
+#: traces without profiled steps on some rank (replay then replays each rank as one step) and more rows than this
+#: are not replayed inside ``analyze`` (``tracekit replay`` does it)
 MAX_ROWS = 3_000_000
+#: traces of up to this many rows replay whole; larger ones replay a sample of steps of about this many rows
+REPLAY_ROWS = 400_000
+#: job steps replayed at most (a sample), and the number of stretches of consecutive steps they come in
+REPLAY_STEPS = 128
+REPLAY_SEGMENTS = 4
+
+
+def _runs(n_job: int, k: int, segments: int) -> list[tuple[int, int]]:
+    """``segments`` stretches [a, b) of about k/segments consecutive job steps, spread evenly over 0..n_job."""
+    s = max(1, min(segments, k))
+    size = [k // s + (1 if i < k % s else 0) for i in range(s)]
+    starts = np.linspace(0, n_job - max(size), s).round().astype(int) if s > 1 else np.array([0])
+    pick = np.zeros(n_job, bool)
+    for a, m in zip(starts.tolist(), size):
+        pick[a:a + m] = True
+    idx = np.flatnonzero(pick)
+    cut = np.flatnonzero(np.diff(idx) > 1) + 1
+    return [(int(g[0]), int(g[-1]) + 1) for g in np.split(idx, cut) if g.size]
+
+
+def replay_rows(lf: pl.LazyFrame, ranks: Sequence[int], rows: int, *, collect: Any = None) -> tuple[pl.DataFrame | None, dict[str, Any]]:
+    """The rows :func:`next_win` replays, and what they are (``whole``, ``steps``, ``of_steps``, ``stretches``, ``rows``).
+
+    ``lf``: the trace (a scan or a frame's lazy view); ``ranks``: its ranks with GPU ops; ``rows``: its row count
+    (all kinds: an upper bound of what replay reads). ``collect`` (LazyFrame → DataFrame) maps read errors.
+    Returns ``(None, info)`` when the trace cannot be sampled and is too large to replay whole.
+    """
+    from tracekit.replay.graph import REPLAY_COLUMNS, REPLAY_KINDS, replay_steps
+
+    run = collect or (lambda q: q.collect())
+    names = set(lf.collect_schema().names())
+    cols = [c for c in REPLAY_COLUMNS if c in names]
+    kind = pl.col("kind")
+    base = lf.filter(kind.is_in(list(REPLAY_KINDS)))
+    if rows <= REPLAY_ROWS:
+        return run(base.select(cols)), {"whole": True, "rows": rows}
+    st_cols = [c for c in ("rank", "kind", "ts_ns", "dur_ns", "profiled", "src") if c in names]
+    st = run(lf.filter(kind == "step").select(st_cols))
+    per: dict[int, np.ndarray] = {}
+    for r in ranks:
+        one = st.filter(pl.col("rank") == r)
+        per[int(r)] = replay_steps(one).get_column("ts_ns").to_numpy() if one.height and "profiled" in names else np.zeros(0)
+    n_job = min((a.size for a in per.values()), default=0)
+    if n_job == 0:  # some rank replays as one synthetic step: only the whole trace will do
+        if rows <= MAX_ROWS:
+            return run(base.select(cols)), {"whole": True, "rows": rows}
+        return None, {"whole": False, "why": f"a rank has no profiled steps and the trace has more than {MAX_ROWS:,} rows"}
+    k = int(min(REPLAY_STEPS, n_job, max(1, REPLAY_ROWS * n_job // max(rows, 1))))
+    if k >= n_job:
+        return run(base.select(cols)), {"whole": True, "rows": rows}
+    runs = _runs(n_job, k, REPLAY_SEGMENTS)
+    t = pl.coalesce(pl.col("launch_ts_ns"), pl.col("ts_ns")) if "launch_ts_ns" in names else pl.col("ts_ns")
+    unprofiled = (kind == "step") & (pl.col("profiled") == False)  # noqa: E712 - calibration: every unprofiled step
+    parts = []
+    for r in ranks:
+        ts = per[int(r)]
+        span: pl.Expr | None = None
+        for a, b in runs:
+            m = t >= int(ts[a])
+            if b < ts.size:
+                m = m & (t < int(ts[b]))
+            span = m if span is None else (span | m)
+        assert span is not None
+        parts.append(run(base.filter((pl.col("rank") == r) & (span | unprofiled.fill_null(False))).select(cols)))
+    df = pl.concat(parts, how="vertical_relaxed") if parts else None
+    return df, {"whole": False, "steps": k, "of_steps": n_job, "stretches": [list(x) for x in runs],
+                "rows": int(df.height) if df is not None else 0}
 
 
 def candidates(res: Mapping[str, Any], meta: Mapping[str, Any] | None) -> tuple[list[tuple[str, str]], list[dict[str, str]]]:
@@ -67,15 +146,21 @@ def candidates(res: Mapping[str, Any], meta: Mapping[str, Any] | None) -> tuple[
     return specs, skipped
 
 
-def next_win(df: pl.DataFrame | None, meta: Mapping[str, Any] | None, res: Mapping[str, Any], *, top: int = 4) -> dict[str, Any]:
-    """The ``next_win`` section: baseline, ranked ``rows`` (spec, what, step_ns_p50, tokens_per_s, change), ``skipped``."""
+def next_win(df: pl.DataFrame | None, meta: Mapping[str, Any] | None, res: Mapping[str, Any], *, top: int = 4,
+             replayed: Mapping[str, Any] | None = None, instances: pl.DataFrame | None = None) -> dict[str, Any]:
+    """The ``next_win`` section: baseline, ranked ``rows`` (spec, what, step_ns_p50, tokens_per_s, change), ``skipped``.
+
+    ``df``: the rows to replay (:func:`replay_rows`), ``replayed`` its description; ``instances``: the analysis'
+    matched collective instances on the trace's clock (:meth:`AnalysisResult.instances_in_input_time`), used by
+    replay instead of matching again."""
     specs, skipped = candidates(res, meta)
     if res.get("device_mode") == "cpu":
         return {"status": "cpu_mode", "why": "replay models GPU streams and kernel launches; a CPU-mode trace has neither "
                                              "(its operators run on the host thread), so no change can be replayed", "rows": [],
                 "skipped": skipped}
     if df is None:
-        return {"status": "not_replayed", "why": f"trace larger than {MAX_ROWS:,} rows: run `tracekit replay` with --what-if "
+        why = (replayed or {}).get("why") or f"trace larger than {MAX_ROWS:,} rows"
+        return {"status": "not_replayed", "why": f"{why}: run `tracekit replay` with --what-if "
                 + " ".join(s for s, _ in specs), "rows": [], "skipped": skipped}
     if not specs:
         return {"status": "no_candidates", "rows": [], "skipped": skipped}
@@ -98,7 +183,8 @@ def next_win(df: pl.DataFrame | None, meta: Mapping[str, Any] | None, res: Mappi
             skipped.append({"what": what, "why": f"no predicted gain ({why})"})
     rows.sort(key=lambda x: x["change"])
     return {"status": "ok", "baseline": {"step_ns_p50": base["step_ns_p50"], "tokens_per_s": base.get("tokens_per_s"),
-                                         "calibrated": r.calibrated, "measured_step_ns_p50": base.get("measured_step_ns_p50")},
+                                         "calibrated": r.calibrated, "measured_step_ns_p50": base.get("measured_step_ns_p50"),
+                                         "replayed": dict(replayed or {"whole": True, "rows": df.height})},
             "rows": rows[:top], "skipped": skipped}
 
 

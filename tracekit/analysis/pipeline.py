@@ -301,25 +301,21 @@ def _result(meta: Mapping[str, Any], win: Window, bd: Any, totals: pl.DataFrame 
 
 
 def _add_next_win(source: FrameSource | ScanSource, ov: Any, meta: Mapping[str, Any], extra: dict[str, Any]) -> None:
-    """The ``next_win`` section (tracekit.analysis.nextwin) and its finding, through the one ranker."""
+    """The ``next_win`` section (tracekit.analysis.nextwin) and its finding, through the one ranker.
+
+    Replay reads a bounded sample of the trace (:func:`tracekit.analysis.nextwin.replay_rows`: the whole trace up to
+    ``REPLAY_ROWS`` rows, else stretches of steps), one rank at a time, from the scan or the in-memory frame alike."""
     from tracekit.analysis.findings import Finding
-    from tracekit.analysis.nextwin import MAX_ROWS, next_win, next_win_finding
+    from tracekit.analysis.nextwin import next_win, next_win_finding, replay_rows
 
     cpu = bool(ov.cpu_ranks) and not bool(ov.ranks["has_gpu"].any())
     view = {**extra, "device_mode": "cpu" if cpu else meta.get("device_mode", "gpu")}
-    df = None
+    df, info = None, None
     if not cpu:
-        if isinstance(source, FrameSource):
-            df = source.df
-        elif int(ov.ranks["rows"].sum()) <= MAX_ROWS:
-            # only what replay reads (tracekit.replay.graph: these kinds and columns): not the counters, ranges and
-            # CPU operators, nor the other columns of a whole trace
-            from tracekit.replay.graph import _COLS as replay_cols
-            from tracekit.schema import GPU_OP_KINDS
-
-            lf = source.lazy().filter(pl.col("kind").is_in([*GPU_OP_KINDS, "runtime", "sync", "step"]))
-            df = _collect(lf.select(list(replay_cols)), getattr(source, "path", "trace"))
-    nw = next_win(df, meta, view)
+        gpu = [int(r) for r in ov.ranks.filter(pl.col("has_gpu"))["rank"].to_list()]
+        path = getattr(source, "path", "trace")
+        df, info = replay_rows(source.lazy(), gpu, int(ov.ranks["rows"].sum()), collect=lambda q: _collect(q, path))
+    nw = next_win(df, meta, view, replayed=info)
     del df
     extra["next_win"] = nw
     s = next_win_finding(nw)

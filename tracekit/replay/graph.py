@@ -59,6 +59,9 @@ __all__ = [
     "ET_RDV",
     "BLOCKING_CALLS",
     "NEG",
+    "REPLAY_KINDS",
+    "REPLAY_COLUMNS",
+    "replay_steps",
 ]
 
 VK_CPU, VK_SYNC_END, VK_GPU, VK_RDV, VK_STEP_START, VK_STEP_END = range(6)
@@ -194,10 +197,21 @@ class _Builder:
 
 
 _CAT_INDEX = {c: i for i, c in enumerate(CATEGORIES)}
+#: the row kinds and columns replay reads (callers that stream a trace project to these)
+REPLAY_KINDS = (*GPU_OP_KINDS, "runtime", "sync", "step")
 _COLS = ("rank", "kind", "ts_ns", "dur_ns", "device", "stream", "tid", "name", "category", "family", "correlation",
          "launch_ts_ns", "launch_tid", "launch_name", "pg_name", "coll_seq", "coll_name", "coll_in_nelems",
          "coll_out_nelems", "coll_dtype", "coll_group_size", "bytes", "step_id", "step_mode", "tokens", "profiled",
          "src")
+REPLAY_COLUMNS = _COLS
+
+
+def replay_steps(r: pl.DataFrame) -> pl.DataFrame:
+    """The steps replay uses of one rank's rows, in time order: profiled ``kind="step"`` rows; annotation
+    steps (on the launching thread) win over ``tracekit.step`` records of the same forwards."""
+    steps = r.filter((pl.col("kind") == "step") & (pl.col("profiled").fill_null(True))).sort("ts_ns")
+    ann = steps.filter(pl.col("src").cast(pl.String).fill_null("") != "tracekit.step")
+    return ann if ann.height else steps
 
 
 def _main_tid(r: pl.DataFrame, steps: pl.DataFrame, ops: pl.DataFrame) -> Any:
@@ -231,7 +245,7 @@ def build_graph(df: pl.DataFrame) -> ReplayGraph:
     ranks = sorted(int(x) for x in gpu_all.get_column("rank").unique().to_list())
     del gpu_all
     keep = [c for c in _COLS if c in df.columns]
-    df = df.filter(kind_s.is_in([*GPU_OP_KINDS, "runtime", "sync", "step"])).select(keep)
+    df = df.filter(kind_s.is_in(list(REPLAY_KINDS))).select(keep)
     origin = int(df.select(pl.col("ts_ns").min()).item())
     parts = {int(k[0]): v for k, v in df.partition_by("rank", as_dict=True).items()}
     del df
@@ -299,11 +313,7 @@ def build_graph(df: pl.DataFrame) -> ReplayGraph:
 
 def _rank_vertices(b: _Builder, r: pl.DataFrame, rank: int, origin: int, q: QualityLog) -> dict[str, Any]:
     kind_s = pl.col("kind")
-    steps = r.filter((kind_s == "step") & (pl.col("profiled").fill_null(True))).sort("ts_ns")
-    # annotation steps (on the launching thread) win over tracekit.step records of the same forwards
-    ann = steps.filter(pl.col("src").cast(pl.String).fill_null("") != "tracekit.step")
-    if ann.height:
-        steps = ann
+    steps = replay_steps(r)
     ops = r.filter(kind_s.is_in(list(GPU_OP_KINDS)))
     tid = _main_tid(r, steps, ops)
     synthetic = steps.height == 0
