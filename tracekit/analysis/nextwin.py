@@ -14,13 +14,15 @@ has one) and ranks them by predicted gain; a scenario that predicts no gain is l
 Replay needs GPU ops: on a CPU-mode trace the section says so.
 
 **What is replayed** (:func:`replay_rows`): replay predicts the p50 step time, so a bounded sample of profiled steps
-stands for the whole trace. A trace of up to :data:`REPLAY_ROWS` rows replays whole. A larger one replays ``k``
-job steps (the n-th profiled step of every rank), ``k`` = as many as fit in :data:`REPLAY_ROWS` rows at the trace's
-rows per step, at most :data:`REPLAY_STEPS`, in up to :data:`REPLAY_SEGMENTS` stretches of consecutive steps spread
-evenly over the trace. Each stretch is, per rank, the rows from the start of its first step to the start of the step
-after its last (GPU ops by their launch time), read one rank at a time from the scan: memory is bounded by the
-sample, not the trace. The unprofiled step timings (calibration) are read whole; they are one row per forward.
-The section's ``baseline.replayed`` says what was replayed.
+stands for the whole trace. A trace of up to :data:`REPLAY_ROWS` rows replays whole. A larger one replays ``k`` job
+steps (the n-th profiled step of every rank), ``k`` = as many as fit in :data:`REPLAY_ROWS` rows at the trace's rows
+per step, at most :data:`REPLAY_STEPS`, in up to :data:`REPLAY_SEGMENTS` stretches of consecutive steps spread evenly
+over the trace. Each stretch is, per rank, the rows from the start of its first step to the start of the step after
+its last (GPU ops by their launch time), read one rank at a time from the scan: memory is bounded by the sample, not
+the trace. Each stretch after the first starts one step earlier with that step's marker left out: its calls and GPU
+ops are replayed (the queue a stretch starts with) but it is not one of the steps measured. The unprofiled step
+timings (calibration) are read whole; they are one row per forward. The section's ``baseline.replayed`` says what
+was replayed.
 """
 
 from __future__ import annotations
@@ -88,7 +90,8 @@ def replay_rows(lf: pl.LazyFrame, ranks: Sequence[int], rows: int, *, collect: A
     k = int(min(REPLAY_STEPS, n_job, max(1, REPLAY_ROWS * n_job // max(rows, 1))))
     if k >= n_job:
         return run(base.select(cols)), {"whole": True, "rows": rows}
-    runs = _runs(n_job, k, REPLAY_SEGMENTS)
+    segs = max(1, min(REPLAY_SEGMENTS, k // 2))  # a stretch: one lead-in step and at least one measured step
+    runs = _runs(n_job, k, segs)
     t = pl.coalesce(pl.col("launch_ts_ns"), pl.col("ts_ns")) if "launch_ts_ns" in names else pl.col("ts_ns")
     unprofiled = (kind == "step") & (pl.col("profiled") == False)  # noqa: E712 - calibration: every unprofiled step
     parts = []
@@ -96,14 +99,16 @@ def replay_rows(lf: pl.LazyFrame, ranks: Sequence[int], rows: int, *, collect: A
         ts = per[int(r)]
         span: pl.Expr | None = None
         for a, b in runs:
-            m = t >= int(ts[a])
+            lead = a + 1 if a > 0 else a  # the stretch's first step is its lead-in (not measured)
+            m = (t >= int(ts[a])) & ~((kind == "step") & (pl.col("ts_ns") < int(ts[lead])))
             if b < ts.size:
                 m = m & (t < int(ts[b]))
             span = m if span is None else (span | m)
         assert span is not None
         parts.append(run(base.filter((pl.col("rank") == r) & (span | unprofiled.fill_null(False))).select(cols)))
     df = pl.concat(parts, how="vertical_relaxed") if parts else None
-    return df, {"whole": False, "steps": k, "of_steps": n_job, "stretches": [list(x) for x in runs],
+    measured = sum(b - a - (1 if a > 0 else 0) for a, b in runs)
+    return df, {"whole": False, "steps": measured, "of_steps": n_job, "stretches": [list(x) for x in runs],
                 "rows": int(df.height) if df is not None else 0}
 
 
