@@ -173,7 +173,7 @@ def next_win(df: pl.DataFrame | None, meta: Mapping[str, Any] | None, res: Mappi
     from tracekit.replay.api import replay
 
     try:
-        r = replay(df, dict(meta or {}), [s for s, _ in specs])
+        r = replay(df, dict(meta or {}), [s for s, _ in specs], instances=instances)
     except (TracekitError, ValueError, KeyError) as e:
         return {"status": "replay_failed", "why": f"{type(e).__name__}: {e}", "rows": [], "skipped": skipped}
     base = r.baseline

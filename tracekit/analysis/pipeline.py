@@ -238,7 +238,7 @@ def run_analysis(
     tables: dict[str, Any] = {}
     extra: dict[str, Any] = crossrank.cross_rank_finish(plan, cr_parts, tables) if plan is not None else {}
     if plan is not None:
-        _add_next_win(source, ov, meta, extra)
+        _add_next_win(source, ov, meta, extra, plan)
     bd = breakdown_finish(bd_parts, win, split=split)
     totals = merge_kernel_totals(kt_parts) if kt_parts else None
     sections = _result(meta, win, bd, totals, top, extra, quality)
@@ -300,11 +300,12 @@ def _result(meta: Mapping[str, Any], win: Window, bd: Any, totals: pl.DataFrame 
     return res
 
 
-def _add_next_win(source: FrameSource | ScanSource, ov: Any, meta: Mapping[str, Any], extra: dict[str, Any]) -> None:
+def _add_next_win(source: FrameSource | ScanSource, ov: Any, meta: Mapping[str, Any], extra: dict[str, Any], plan: Any = None) -> None:
     """The ``next_win`` section (tracekit.analysis.nextwin) and its finding, through the one ranker.
 
     Replay reads a bounded sample of the trace (:func:`tracekit.analysis.nextwin.replay_rows`: the whole trace up to
-    ``REPLAY_ROWS`` rows, else stretches of steps), one rank at a time, from the scan or the in-memory frame alike."""
+    ``REPLAY_ROWS`` rows, else stretches of steps), one rank at a time, from the scan or the in-memory frame alike,
+    and takes the collective instances the analysis matched (``plan.view``, back on the trace's clock)."""
     from tracekit.analysis.findings import Finding
     from tracekit.analysis.nextwin import next_win, next_win_finding, replay_rows
 
@@ -315,8 +316,13 @@ def _add_next_win(source: FrameSource | ScanSource, ov: Any, meta: Mapping[str, 
         gpu = [int(r) for r in ov.ranks.filter(pl.col("has_gpu"))["rank"].to_list()]
         path = getattr(source, "path", "trace")
         df, info = replay_rows(source.lazy(), gpu, int(ov.ranks["rows"].sum()), collect=lambda q: _collect(q, path))
-    nw = next_win(df, meta, view, replayed=info)
-    del df
+    inst = None
+    if df is not None and plan is not None and plan.view is not None and plan.view.height:
+        from tracekit.analysis.result import instances_in_input_time
+
+        inst = instances_in_input_time(plan.view, plan.align.offsets_ns if plan.align.applied else {})
+    nw = next_win(df, meta, view, replayed=info, instances=inst)
+    del df, inst
     extra["next_win"] = nw
     s = next_win_finding(nw)
     if s:

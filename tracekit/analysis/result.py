@@ -21,7 +21,7 @@ import polars as pl
 
 from tracekit.analysis.window import Window
 
-__all__ = ["AnalysisResult", "INSTANCE_VIEW_COLUMNS"]
+__all__ = ["AnalysisResult", "INSTANCE_VIEW_COLUMNS", "instances_in_input_time"]
 
 #: columns of :attr:`AnalysisResult.instances` (a subset of ``collectives.INSTANCE_COLUMNS``)
 INSTANCE_VIEW_COLUMNS = [
@@ -117,8 +117,13 @@ class AnalysisResult:
 
     def instances_in_input_time(self) -> pl.DataFrame:
         """:attr:`instances` with ``arrival_ns``/``end_ns`` back on the trace's own clock (what views draw)."""
-        if not any(self.clock_offsets_ns.values()) or self.instances.height == 0:
-            return self.instances
-        back = {int(k): -int(v) for k, v in self.clock_offsets_ns.items()}
-        off = pl.col("rank").cast(pl.Int64).replace_strict(back, default=0, return_dtype=pl.Int64)
-        return self.instances.with_columns(pl.col("arrival_ns") + off, pl.col("end_ns") + off)
+        return instances_in_input_time(self.instances, self.clock_offsets_ns)
+
+
+def instances_in_input_time(instances: pl.DataFrame, clock_offsets_ns: Mapping[int, int]) -> pl.DataFrame:
+    """Instance rows (aligned clock) with ``arrival_ns``/``end_ns`` back on the trace's own clock."""
+    if not any(clock_offsets_ns.values()) or instances.height == 0:
+        return instances
+    back = {int(k): -int(v) for k, v in clock_offsets_ns.items()}
+    off = pl.col("rank").cast(pl.Int64).replace_strict(back, default=0, return_dtype=pl.Int64)
+    return instances.with_columns(pl.col("arrival_ns") + off, pl.col("end_ns") + off)

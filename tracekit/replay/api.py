@@ -94,8 +94,8 @@ def _stats(x: np.ndarray) -> tuple[float, float]:
 class Replayer:
     """A built graph plus its schedule; runs scenarios. Build once, simulate many times."""
 
-    def __init__(self, df: pl.DataFrame, graph: ReplayGraph | None = None) -> None:
-        self.g = graph if graph is not None else build_graph(df)
+    def __init__(self, df: pl.DataFrame, graph: ReplayGraph | None = None, instances: pl.DataFrame | None = None) -> None:
+        self.g = graph if graph is not None else build_graph(df, instances)
         self.sched: Schedule = make_schedule(self.g)
         modes = self.g.steps.get_column("step_mode").drop_nulls()
         #: steps compared are those of the dominant forward mode (DECODE in a serving trace) ...
@@ -162,13 +162,16 @@ def replay(
     calibrate: bool = True,
     gap_scale: float | None = None,
     critical_path_steps: int = 64,
+    instances: pl.DataFrame | None = None,
 ) -> ReplayResult:
     """Replay a trace and predict what-ifs.
 
     ``what_ifs`` are spec strings (see :mod:`tracekit.replay.whatif`) or parsed
     :class:`WhatIf` objects; ``durations_from`` (a trace frame of the same
     workload) adds an ``oracle`` scenario. ``gap_scale`` fixes the CPU-gap scale
-    instead of fitting it. Step times are job-level (max over ranks per step).
+    instead of fitting it. Step times are job-level (max over ranks per step). ``instances``: the analysis'
+    matched collective instances on the trace's clock (:meth:`AnalysisResult.instances_in_input_time`), used
+    instead of matching again (:func:`tracekit.replay.graph.build_graph`).
     """
     q = QualityLog()
     combos: list[tuple[int, str]] = []  # "oracle+<spec>": oracle durations, then the spec's edits
@@ -182,7 +185,7 @@ def replay(
             wis.append(parse_whatif(rest) if rest.strip() else WhatIf(spec=w))
         else:
             wis.append(parse_whatif(w) if isinstance(w, str) else w)  # fail fast on bad specs
-    rp = Replayer(df)
+    rp = Replayer(df, instances=instances)
     g = rp.g
     q.extend(g.quality)
     obs = rp.observed_series()

@@ -38,6 +38,7 @@ import polars as pl
 
 from tracekit._errors import InputError, QualityLog
 from tracekit.analysis import blocking as _blocking
+from tracekit.analysis.collectives import collective_ops, match_collectives
 from tracekit.dtypes import dtype_bytes_expr
 from tracekit.schema import CATEGORIES, GPU_OP_KINDS
 
@@ -202,7 +203,7 @@ REPLAY_KINDS = (*GPU_OP_KINDS, "runtime", "sync", "step")
 _COLS = ("rank", "kind", "ts_ns", "dur_ns", "device", "stream", "tid", "name", "category", "family", "correlation",
          "launch_ts_ns", "launch_tid", "launch_name", "pg_name", "coll_seq", "coll_name", "coll_in_nelems",
          "coll_out_nelems", "coll_dtype", "coll_group_size", "bytes", "step_id", "step_mode", "tokens", "profiled",
-         "src")
+         "src", "pg_ranks")
 REPLAY_COLUMNS = _COLS
 
 
@@ -225,13 +226,18 @@ def _main_tid(r: pl.DataFrame, steps: pl.DataFrame, ops: pl.DataFrame) -> Any:
     return tid
 
 
-def build_graph(df: pl.DataFrame) -> ReplayGraph:
+def build_graph(df: pl.DataFrame, instances: pl.DataFrame | None = None) -> ReplayGraph:
     """Build the replay graph of every rank in ``df`` (a trace.parquet frame).
+
+    ``instances``: matched collective instances on the trace's clock (``rank, arrival_ns, dur_ns, pg, seq,
+    transfer_ns``: :meth:`tracekit.analysis.result.AnalysisResult.instances_in_input_time`); default: matched
+    here by :func:`tracekit.analysis.collectives.match_collectives`.
 
     Raises :class:`InputError` when the frame has no GPU ops or no CUDA runtime
     calls (replay needs both, i.e. a torch.profiler/Kineto or nsys trace with
     CUDA activities).
     """
+    matched = instances
     need = {"rank", "kind", "ts_ns", "dur_ns"}
     if not need.issubset(df.columns):
         raise InputError(f"trace frame lacks columns {sorted(need - set(df.columns))}; pass a trace.parquet frame")
@@ -256,7 +262,7 @@ def build_graph(df: pl.DataFrame) -> ReplayGraph:
         per_rank.append(_rank_vertices(b, parts.pop(rank), rank, origin, q))
 
     ops = pl.concat([p["ops"] for p in per_rank], how="vertical_relaxed")
-    instances, op_inst = _collective_instances(ops, q, len(ranks))
+    instances, op_inst = _collective_instances(ops, q, len(ranks), origin, matched)
     ops = ops.with_columns(pl.Series("inst", op_inst))
     # rendezvous vertices
     inst_obs = instances.get_column("rdv_obs").to_numpy()
@@ -399,6 +405,7 @@ def _rank_vertices(b: _Builder, r: pl.DataFrame, rank: int, origin: int, q: Qual
         pl.col("coll_out_nelems"),
         pl.col("coll_dtype").cast(pl.String),
         pl.col("coll_group_size"),
+        pl.col("pg_ranks").cast(pl.String) if "pg_ranks" in ops.columns else pl.lit(None, pl.String).alias("pg_ranks"),
         pl.col("bytes"),
         (pl.lit(0, pl.Int64) if synthetic else
          sid.replace_strict(step_map, default=-1, return_dtype=pl.Int64).fill_null(-1)).alias("step_ord"),
@@ -423,47 +430,46 @@ def _rank_vertices(b: _Builder, r: pl.DataFrame, rank: int, origin: int, q: Qual
 # ----------------------------------------------------------------------------- collectives
 
 
-def _collective_instances(ops: pl.DataFrame, q: QualityLog, n_ranks: int) -> tuple[pl.DataFrame, np.ndarray]:
-    """Match collective ops across ranks; return (instances, instance index per op row, -1 if none)."""
-    is_coll = pl.col("category") == "communication"
-    c = ops.with_row_index("_row").filter(is_coll)
+def _collective_instances(ops: pl.DataFrame, q: QualityLog, n_ranks: int, origin: int,
+                          matched: pl.DataFrame | None = None) -> tuple[pl.DataFrame, np.ndarray]:
+    """Collective instances of the graph's ops and the instance index per op row (-1 if none).
+
+    Which ops form one instance, and its transfer (min duration over the instance's ranks), come from the one
+    matching, :func:`tracekit.analysis.collectives.match_collectives`: ``matched`` when the caller has it (the
+    analysis' instances on the trace's clock: ``rank, arrival_ns, dur_ns, pg, seq, transfer_ns``), else computed
+    here from the ops; collective ops ``matched`` does not hold (outside the analysis window) are matched among
+    themselves. Name, family, bytes and group size are the members' own metadata.
+    """
+    cols = {"key": pl.String, "n_members": pl.UInt32, "transfer_ns": pl.Int64, "rdv_obs": pl.Int64, "coll_name": pl.String,
+            "family": pl.String, "bytes": pl.Int64, "group_size": pl.Int64, "step_ord": pl.Int64, "occ": pl.Int64}
+    c = collective_ops(ops.with_row_index("_row").with_columns((pl.col("ts") + origin).alias("ts_ns"),
+                                                               pl.col("dur").alias("dur_ns")), cpu_ranks=[])
     if c.height == 0:
-        empty = pl.DataFrame(schema={"key": pl.String, "n_members": pl.UInt32, "transfer_ns": pl.Int64,
-                                     "rdv_obs": pl.Int64, "coll_name": pl.String, "family": pl.String,
-                                     "bytes": pl.Int64, "group_size": pl.Int64, "step_ord": pl.Int64, "occ": pl.Int64})
-        return empty, np.full(ops.height, -1, np.int64)
-    c = c.sort(["rank", "ts"]).with_columns(
-        pl.int_range(pl.len()).over(["rank", "family"]).alias("_fidx"),
-        pl.int_range(pl.len()).over(["rank", "step_ord", "family"]).alias("_sidx"),
-        pl.int_range(pl.len()).over(["rank", "pg_name"]).alias("_pidx"),
-    )
-    # recorded sequence numbers only when complete and unique per (rank, group): traces assembled from several
-    # profiler windows by older converters restart them per window (then: order within the group)
-    grp = ["rank", "pg_name"]
-    seq_ok = (pl.col("coll_seq").is_not_null().all().over(grp)
-              & (pl.col("coll_seq").n_unique().over(grp) == pl.len().over(grp)))
-    n_restart = c.filter(pl.col("pg_name").is_not_null() & ~seq_ok).height
-    if n_restart:
-        q.add("replay_collective_seq_restart", f"{n_restart} collectives carry repeated sequence numbers within "
-              "their process group (several profiler windows); matched by order within the group instead",
-              severity="info")
-    key = (
-        pl.when(pl.col("pg_name").is_not_null() & seq_ok)
-        .then(pl.format("pg:{}:{}", pl.col("pg_name"), pl.col("coll_seq")))
-        .when(pl.col("pg_name").is_not_null())
-        .then(pl.format("po:{}:{}", pl.col("pg_name"), pl.col("_pidx")))
-        .when(pl.col("step_ord") >= 0)
-        .then(pl.format("st:{}:{}:{}", pl.col("step_ord"), pl.col("family"), pl.col("_sidx")))
-        .otherwise(pl.format("ix:{}:{}", pl.col("family"), pl.col("_fidx")))
-    )
-    c = c.with_columns(key.alias("key"))
+        return pl.DataFrame(schema=cols), np.full(ops.height, -1, np.int64)
+    on = ["rank", "ts_ns", "dur_ns"]
+
+    def keyed(m: pl.DataFrame, tag: str) -> pl.DataFrame:
+        return m.select(pl.col("rank").cast(pl.Int64), pl.col("arrival_ns").alias("ts_ns"), "dur_ns",
+                        pl.format(tag + "{}:{}", pl.col("pg"), pl.col("seq")).alias("key"), "transfer_ns").unique(on, keep="first")
+
+    c = c.with_columns(pl.col("rank").cast(pl.Int64))
+    if matched is not None and matched.height:
+        c = c.join(keyed(matched, ""), on=on, how="left")
+        rest = c.filter(pl.col("key").is_null()).drop("key", "transfer_ns")
+        if rest.height:
+            c = c.filter(pl.col("key").is_not_null()).vstack(
+                rest.join(keyed(match_collectives(_match_frame(rest), cpu_ranks=[]), "rest:"), on=on, how="left")
+                .select(c.columns))
+    else:
+        c = c.join(keyed(match_collectives(_match_frame(c), cpu_ranks=[]), ""), on=on, how="left")
+    c = c.filter(pl.col("key").is_not_null()).sort(["rank", "ts"]).with_columns(
+        pl.int_range(pl.len()).over(["rank", "step_ord", "family"]).alias("_sidx"))
     dsize = dtype_bytes_expr(pl.col("coll_dtype").cast(pl.String))
-    c = c.with_columns(
-        pl.coalesce(pl.col("coll_in_nelems") * dsize, pl.col("bytes")).alias("_bytes"))
+    c = c.with_columns(pl.coalesce(pl.col("coll_in_nelems") * dsize, pl.col("bytes")).alias("_bytes"))
     inst = c.group_by("key", maintain_order=True).agg(
         pl.len().alias("n_members"),
-        pl.col("dur").min().alias("transfer_ns"),
-        (pl.col("ts").max() + pl.col("dur").min()).alias("rdv_obs"),
+        pl.col("transfer_ns").min(),
+        (pl.col("ts").max() + pl.col("transfer_ns").min()).alias("rdv_obs"),
         pl.col("coll_name").drop_nulls().first().alias("coll_name"),
         pl.col("family").first(),
         pl.col("_bytes").drop_nulls().first().alias("bytes"),
@@ -487,7 +493,15 @@ def _collective_instances(ops: pl.DataFrame, q: QualityLog, n_ranks: int) -> tup
     m = c.select("_row", "key").join(inst.select("key", "inst"), on="key", how="left")
     out = np.full(ops.height, -1, np.int64)
     out[m.get_column("_row").to_numpy()] = m.get_column("inst").to_numpy()
-    return inst.drop("inst"), out
+    return inst.drop("inst").select(list(cols)), out
+
+
+def _match_frame(c: pl.DataFrame) -> pl.DataFrame:
+    """The graph's collective ops as :func:`match_collectives` reads them (trace columns, absolute time)."""
+    return c.select("rank", "kind", "category", "family", "name", "ts_ns", "dur_ns", "stream", "pg_name", "coll_seq",
+                    "coll_name", "coll_in_nelems", "coll_out_nelems", "coll_dtype", "coll_group_size",
+                    pl.col("pg_ranks") if "pg_ranks" in c.columns else pl.lit(None, pl.String).alias("pg_ranks"),
+                    pl.col("step_ord").alias("step_id"), pl.col("launch_ts").alias("launch_ts_ns"))
 
 
 # ----------------------------------------------------------------------------- edges
