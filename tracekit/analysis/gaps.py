@@ -149,7 +149,8 @@ def _coverage(host: pl.DataFrame, pts: pl.DataFrame, a: str, b: str) -> pl.DataF
 
 @dataclass
 class IdleCauses:
-    """``gaps``: every gap (rank, start_ns, end_ns, dur_ns, cause, step_id, next_name, detail);
+    """``gaps``: every gap (rank, start_ns, end_ns, dur_ns, cause, step_id, next_name, detail; ``next_name``
+    categorical: a string per gap of a long kernel name cost ~180 MB on a 566k-kernel rank);
     ``totals``: rank, cause, total_ns, count; ``largest``: the top gaps per rank."""
 
     gaps: pl.DataFrame
@@ -204,7 +205,7 @@ def idle_causes(
     # previous op (ending at/before the gap start) and next op (starting at/after the gap end)
     prev = ops.select("rank", pl.col("end").alias("p_end"), pl.col("step_id").alias("p_step")).sort(["rank", "p_end"])
     nxt = ops.select(
-        "rank", pl.col("start").alias("n_start"), pl.col("step_id").alias("n_step"), pl.col("name").cast(pl.String).alias("next_name"),
+        "rank", pl.col("start").alias("n_start"), pl.col("step_id").alias("n_step"), pl.col("name").alias("next_name"),
         # CPU mode: an operator runs when it is issued, so its start is its "launch end"
         pl.coalesce(pl.col("launch_ts_ns") + pl.col("launch_dur_ns").fill_null(0),
                     pl.when(~pl.col("kind").cast(pl.String).is_in(list(GPU_OP_KINDS))).then(pl.col("start"))).alias("n_launch_end"),
@@ -256,7 +257,7 @@ def idle_causes(
             pl.col("wait_ns").alias("dur_ns"),
             pl.lit("waiting_on_peer").alias("cause"),
             pl.col("step_id").cast(pl.Int64),
-            pl.col("name").alias("next_name"),
+            pl.col("name").cast(pl.Categorical).alias("next_name"),
             (pl.lit("late rank ") + pl.col("late_rank").cast(pl.String)).alias("detail"),
         )
         w = iv.intersect(w, bounds, by="rank", start="start_ns", end="end_ns").drop(["lo", "hi"])
@@ -298,7 +299,7 @@ def _largest(gaps: pl.DataFrame, top_n: int) -> pl.DataFrame:
     if gaps.height > top_n:  # sort only the candidates: gaps at least as long as the rank's top_n-th longest
         gaps = gaps.filter(pl.col("dur_ns") >= pl.col("dur_ns").top_k(top_n).min().over("rank"))
     return gaps.sort(["rank", "dur_ns", "start_ns"], descending=[False, True, False], maintain_order=True).group_by(
-        "rank", maintain_order=True).head(top_n)
+        "rank", maintain_order=True).head(top_n).with_columns(pl.col("next_name").cast(pl.String))
 
 
 def restrict_to_spans(idle: IdleCauses, spans: Any, *, top_n: int = 10) -> IdleCauses:
