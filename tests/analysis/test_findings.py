@@ -5,10 +5,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import polars as pl
 import pytest
 
-from tracekit.analysis.findings import Finding, cross_rank_candidates, is_collective_name, rank_findings
+from tracekit.analysis.findings import Finding, is_collective_name, rank_findings, stall_candidates
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -43,15 +42,7 @@ def test_a_collective_is_never_a_ranks_own_kernels():
         {"late_rank": 3, "cause": "preceding_kernels", "count": 3, "lost_ns": 8_000_000, "waiting_ranks": [0], "top_detail": "aten::_grouped_mm"},
     ], "groups": [], "per_rank": [], "instances": 3}}
 
-    class _Empty:
-        totals = pl.DataFrame()
-        verdicts: list[str] = []
-
-    class _St:
-        summary = pl.DataFrame()
-        steps = pl.DataFrame()
-
-    c = cross_rank_candidates(out, None, _Empty(), pl.DataFrame(), _Empty(), _St(), pl.DataFrame(), {}, True)
+    c = stall_candidates(out["collectives"], True)
     texts = [f.text for f in c]
     assert "for rank 2: it was still in an earlier collective (gloo:all_gather)." in texts[0]
     assert "own kernels" not in texts[0] and "its own kernels ran longer (aten::_grouped_mm)" in texts[1]

@@ -15,35 +15,39 @@ once on the whole frame) and :func:`cross_rank_finish` (exact reduce of the part
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import polars as pl
 
 from tracekit._errors import QualityLog
 from tracekit.analysis.align import AlignResult, apply_offsets, solve_clock_offsets
-from tracekit.analysis.collectives import (collective_ops, collective_quality, collective_summary, match_collectives,
-                                           split_communication)
-from tracekit.analysis.efficiency import efficiency_finish, kernel_efficiency, moe_gemm_finish, moe_gemm_findings, moe_gemm_part
-from tracekit.analysis.experts import expert_load_finding, expert_load_finish, expert_load_part
-from tracekit.analysis.findings import Finding, cross_rank_candidates, rank_findings
-from tracekit.analysis.interconnect import interconnect_verdict
+from tracekit.analysis.collectives import collective_ops, collective_quality, collective_summary, match_collectives, split_communication
+from tracekit.analysis.findings import Finding, rank_findings
 from tracekit.analysis.intervals import in_spans
-from tracekit.analysis.gaps import IdleCauses, idle_causes, restrict_to_spans
-from tracekit.analysis.pcie import PciePart, pcie_finish, pcie_part
-from tracekit.analysis.power import PowerResult, power_finish, power_part
-from tracekit.analysis.stalls import (MIN_REL_STEP, MIN_WAIT_NS, StallPart, StallPlan, empty_stalls, lost_by_rank, stall_finish,
-                                      stall_part, stall_plan, stall_steps, stall_summary)
-from tracekit.analysis.steps import StepPart, comm_wait_by_step, step_finish, step_part
+from tracekit.analysis.registry import (Analysis, FindingsContext, FinishContext, Finished, PartContext, analyses, declare_columns,
+                                        findings_order, resolve_options)
+from tracekit.analysis.stalls import MIN_REL_STEP, MIN_WAIT_NS, StallPlan, stall_plan, stall_steps
+from tracekit.analysis.steps import comm_wait_by_step
 from tracekit.analysis.result import INSTANCE_VIEW_COLUMNS
-from tracekit.analysis.window import cpu_mode_ranks, device_op_expr
+from tracekit.analysis.window import cpu_mode_ranks
 
 __all__ = ["cross_rank_sections", "cross_rank_plan", "cross_rank_part", "cross_rank_finish", "CrossRankPlan", "CrossRankPart",
-           "SECTION_KEYS"]
+           "section_keys"]
 
-SECTION_KEYS = ("stalls", "collectives", "idle_causes_ns", "idle_gaps", "pcie_phases", "power", "steps", "kernel_efficiency", "moe_gemm",
-                "interconnect", "expert_load", "findings")
+#: what the part driver itself reads of a rank's rows: clock offsets, the window clip, the profiler-window filter
+declare_columns("cross_rank", ("rank", "ts_ns", "dur_ns"))
 
+
+def section_keys() -> tuple[str, ...]:
+    """The JSON sections of :func:`cross_rank_sections`: every registered analysis' (registry order), then ``findings``."""
+    return (*(k for a in analyses() for k in a.sections), "findings")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SECTION_KEYS":  # derived from the registry: :func:`section_keys`
+        return section_keys()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _window_bounds(win: Any) -> tuple[int | None, int | None]:
@@ -61,12 +65,6 @@ def _clip_rows(df: pl.DataFrame, lo: int | None, hi: int | None) -> pl.DataFrame
     if hi is not None:
         e = e & (pl.col("ts_ns") < hi)
     return df.filter(e)
-
-
-def _records(df: pl.DataFrame, n: int | None = None) -> list[dict[str, Any]]:
-    if df.height == 0:
-        return []
-    return (df.head(n) if n else df).to_dicts()
 
 
 @dataclass
@@ -101,6 +99,8 @@ class CrossRankPlan:
     min_rel: float
     #: matched instances in the window for the views (:data:`tracekit.analysis.result.INSTANCE_VIEW_COLUMNS`), aligned clock
     view: pl.DataFrame | None = None
+    #: every registered analysis' options (defaults, overridden by ``opts["options"][name]``)
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def comm_parts(self, df: pl.DataFrame, ranks: list[int] | None = None) -> pl.DataFrame:
         """Wait/transfer intervals of the collective kernels in ``df`` (input time base) for the breakdown."""
@@ -115,21 +115,9 @@ class CrossRankPlan:
 
 @dataclass
 class CrossRankPart:
-    """Small outputs of :func:`cross_rank_part` for the ranks of one frame."""
+    """Small outputs of :func:`cross_rank_part` for the ranks of one frame: each registered analysis' part, by name."""
 
-    stalls: StallPart | None
-    idle_totals: pl.DataFrame
-    idle_largest: pl.DataFrame
-    pcie: PciePart
-    power: PowerResult
-    steps: StepPart | None
-    efficiency: pl.DataFrame
-    moe: pl.DataFrame  # per (rank, step): MoE GEMM time, launches, tokens (efficiency.moe_gemm_part)
-    experts: pl.DataFrame  # per-expert loop input projections (experts.expert_load_part)
-    extents: pl.DataFrame  # rank, w: device-op extent per rank in the window (findings)
-    rows: int  # rows in the window
-    gpu_rows: int  # GPU-op rows in the window (0 and rows > 0: CPU mode)
-    observed: dict[int, int] | None
+    parts: dict[str, Any]
 
 
 def cross_rank_plan(
@@ -147,6 +135,7 @@ def cross_rank_plan(
     ``opts`` as for :func:`cross_rank_sections`.
     """
     opts = dict(opts or {})
+    options = {a.name: resolve_options(a, opts.get("options")) for a in analyses()}  # an unknown option fails here, first
     qv = opts.get("quality")
     q: QualityLog = qv if isinstance(qv, QualityLog) else QualityLog()
     max_items = int(opts.get("max_items", 200))
@@ -192,7 +181,7 @@ def cross_rank_plan(
     view = inst.select([c for c in INSTANCE_VIEW_COLUMNS if c in inst.columns])
     inst = inst.select(_INST_KEEP).with_columns(pl.col("name").cast(pl.Categorical))
     return CrossRankPlan(meta, q, max_items, lo, hi, getattr(opts.get("window"), "spans", None), al, inst, groups, per_rank,
-                         n_inst, waits, split, list(cpu_ranks), comm_wait, sp, min_wait, min_rel, view)
+                         n_inst, waits, split, list(cpu_ranks), comm_wait, sp, min_wait, min_rel, view, options)
 
 
 #: instance columns the per-rank analyses read (idle causes: waiting_on_peer; PCIe: collective phases)
@@ -201,125 +190,74 @@ _INST_KEEP = ["rank", "name", "step_id", "arrival_ns", "end_ns", "wait_ns", "tra
 
 def cross_rank_part(df: pl.DataFrame, plan: CrossRankPlan, *, ranks: list[int] | None = None,
                     host: pl.DataFrame | None = None) -> CrossRankPart:
-    """Per-rank analyses (stall inputs, idle causes, PCIe, power, steps, kernel efficiency) of the ranks in ``df``.
+    """Every registered analysis' part (:mod:`tracekit.analysis.registry`) of the ranks in ``df``.
 
     ``df``: one rank's rows (then ``ranks=[r]`` narrows the instance table to it) or a whole frame
     (``ranks=None``), in the input's time base; the plan's clock offsets and window are applied here.
+    ``rows="window"`` parts get the window's rows; then, for a windowed capture, the rows are cut to
+    the profiler windows (the time between them was not recorded) for the ``rows="observed"`` parts.
     ``host``: :func:`tracekit.analysis.gaps.host_activity` of the ranks (input time base) when ``df``
     does not hold every host row (a projected scan); default: from ``df``.
     """
-    lo, hi, meta = plan.lo, plan.hi, plan.meta
     adf = apply_offsets(df, plan.align.offsets_ns) if plan.align.applied else df
-    wdf = _clip_rows(adf, lo, hi)
+    wdf = _clip_rows(adf, plan.lo, plan.hi)
     del adf
-    inst = plan.rank_instances(ranks)
-    stalls = stall_part(plan.stalls, wdf) if plan.stalls is not None else None
-    window = (lo, hi) if lo is not None and hi is not None else None
     if host is not None and plan.align.applied and host.height:
         off = {int(k): int(v) for k, v in plan.align.offsets_ns.items()}
         sh = pl.col("rank").replace_strict(off, default=0, return_dtype=pl.Int64)
         host = host.with_columns(pl.col("start") + sh, pl.col("end") + sh)
-    idle = idle_causes(wdf, inst, window=window, host=host)
+    inst = plan.rank_instances(ranks)
+    listing = [a for a in analyses() if a.part is not None]
+    out: dict[str, Any] = {}
+
+    def run(a: Analysis, rows: pl.DataFrame, observed: dict[int, int] | None) -> None:
+        assert a.part is not None
+        out[a.name] = a.part(rows, PartContext(plan, inst, host, observed, plan.options.get(a.name, dict(a.options))))
+
+    for a in listing:
+        if a.rows == "window":
+            run(a, wdf, None)
     observed = None
     spans = plan.spans
     if spans:  # windowed capture: time between profiler windows was not recorded
-        idle = restrict_to_spans(idle, spans)
         wdf = wdf.filter(in_spans(spans, pl.col("ts_ns"), pl.col("ts_ns") + pl.col("dur_ns"), closed=True))
         total = sum(int(b) - int(a) for a, b in spans)
         observed = {int(r): total for r in wdf.get_column("rank").unique().to_list()}
-    pcie = pcie_part(wdf, meta, instances=inst)
-    pw = power_part(wdf, meta, observed_ns=observed)
-    st = step_part(wdf, plan.comm_wait)
-    eff = kernel_efficiency(wdf, meta)
-    ext = wdf.lazy().filter(device_op_expr(cpu_mode_ranks(wdf))).group_by("rank").agg(
-        ((pl.col("ts_ns") + pl.col("dur_ns")).max() - pl.col("ts_ns").min()).alias("w")).collect()
-    gpu_rows = int(wdf.select(pl.col("kind").is_in(["kernel", "memcpy", "memset"]).sum()).item())
-    moe = moe_gemm_part(wdf, meta)
-    return CrossRankPart(stalls, idle.totals, idle.largest, pcie, pw, st, eff, moe, expert_load_part(wdf), ext, wdf.height, gpu_rows,
-                         observed)
+    for a in listing:
+        if a.rows == "observed":
+            run(a, wdf, observed)
+    return CrossRankPart(out)
 
 
 def cross_rank_finish(plan: CrossRankPlan, parts: list[CrossRankPart], tables: dict[str, Any] | None = None) -> dict[str, Any]:
     """JSON sections from the plan and every rank's :class:`CrossRankPart` (see :func:`cross_rank_sections`).
 
-    ``tables``: when given, receives the full frames behind the sections (``steps``: the step table)."""
-    q, max_items, al = plan.quality, plan.max_items, plan.align
-    if plan.stalls is not None:
-        stalls = stall_finish(plan.stalls, [p.stalls for p in parts if p.stalls is not None])
-    else:
-        stalls = empty_stalls()
-    ssum = stall_summary(stalls)
-    lost = lost_by_rank(stalls)
-    idle = IdleCauses(pl.DataFrame(), _concat([p.idle_totals for p in parts], _IDLE_TOTALS),
-                      _concat([p.idle_largest for p in parts], _IDLE_GAPS))
-    pcie = pcie_finish([p.pcie for p in parts])
-    pw = power_finish([p.power for p in parts])
-    st = step_finish([p.steps for p in parts if p.steps is not None])
-    q.extend(st.quality)
-    if tables is not None:
-        tables["steps"] = st.steps
-    eff = efficiency_finish([p.efficiency for p in parts])
-    observed: dict[int, int] | None = None
-    if plan.spans:
-        observed = {}
-        for p in parts:
-            observed.update(p.observed or {})
-    out: dict[str, Any] = {
-        "stalls": _records(stalls.sort("wait_ns", descending=True, maintain_order=True).select(
-            "waiting_rank", "late_rank", "wait_ns", "ts_ns", "step", "collective", "cause", "detail"), max_items),
-        "collectives": {
-            "clock_alignment": al.to_json(),
-            "instances": plan.instances,
-            "groups": _records(plan.groups),
-            "per_rank": _records(plan.per_rank),
-            "stall_count": stalls.height,
-            "stall_summary": _records(ssum),
-            "lost_by_rank": {str(r): int(v) for r, v in zip(lost["rank"].to_list(), lost["lost_ns"].to_list())},
-            "thresholds": {"min_wait_ns": plan.min_wait, "min_rel_step": plan.min_rel},
-        },
-        "idle_causes_ns": idle.by_rank_ns(),
-        "idle_gaps": {str(r): _records(g.drop("rank"), 10) for (r,), g in idle.largest.group_by("rank", maintain_order=True)},
-        "pcie_phases": _records(pcie, max_items),
-        "power": pw.to_json(),
-        "steps": st.to_json(max_steps=max_items),
-        "kernel_efficiency": _records(eff, 50),
-        "moe_gemm": moe_gemm_finish([p.moe for p in parts], plan.meta),
-        "expert_load": expert_load_finish([p.experts for p in parts], plan.meta),
-    }
-    extents = _concat([p.extents for p in parts], {"rank": pl.Int64, "w": pl.Int64})
-    wmap = {int(r): int(w) for r, w in zip(extents["rank"].to_list(), extents["w"].to_list())} if extents.height else {}
-    cpu = sum(p.rows for p in parts) > 0 and sum(p.gpu_rows for p in parts) == 0
-    extra = [Finding("moe_gemm", t, w) for w, t in moe_gemm_findings(out["moe_gemm"])]
-    n_steps = int(st.steps.filter(~pl.col("no_gpu"))["step_id"].n_unique()) if st.steps.height else 0
-    seen = {r: min(w, (observed or {}).get(r, w)) for r, w in wmap.items()}  # windowed capture: recorded time only
-    # CPU mode: gloo over host memory on one host, no link to judge
-    ic_rows, ic_found = interconnect_verdict(out["collectives"]["groups"], plan.meta, window_ns=sum(seen.values()), steps=n_steps,
-                                             ranks=len(wmap) or int(plan.meta.get("world_size") or 2)) if not cpu else ([], [])
-    out["interconnect"] = ic_rows
-    extra += [Finding("interconnect", t, w, subject=subj) for subj, w, t in ic_found]
-    el = expert_load_finding(out["expert_load"])
-    if el:
-        extra.append(Finding("expert_load", el, 0.6))
-    cands = cross_rank_candidates(out, al.residual_ns, idle, pcie, pw, st, eff, wmap, cpu, observed, extra=extra)
-    out["findings"] = rank_findings(cands, residual_ns=al.residual_ns)
+    Each registered analysis finishes in registry order, with the finished analyses it ``needs``;
+    then each one's findings (with its ``findings_needs``) go to the one ranker,
+    :func:`tracekit.analysis.findings.rank_findings`. ``tables``: when given, receives the full
+    frames behind the sections (``steps``: the step table)."""
+    listing = analyses()
+    tab: dict[str, Any] = tables if tables is not None else {}
+    done: dict[str, Finished] = {}
+    out: dict[str, Any] = {}
+    for a in listing:
+        opts = plan.options.get(a.name, dict(a.options))
+        fin = a.finish([p.parts[a.name] for p in parts] if a.part is not None else [],
+                       FinishContext(plan, {n: done[n] for n in a.needs}, opts, plan.quality, tab))
+        done[a.name] = fin
+        out.update(fin.sections)
+    cands: list[Finding] = []
+    for a in findings_order(listing):
+        assert a.findings is not None
+        cands += a.findings(FindingsContext(plan, done[a.name], {n: done[n] for n in a.findings_needs},
+                                            plan.options.get(a.name, dict(a.options))))
+    out["findings"] = rank_findings(cands, residual_ns=plan.align.residual_ns)
     out["_candidates"] = cands  # for the one ranker in :mod:`tracekit.analysis.pipeline` (not JSON)
     return out
 
 
-def _concat(frames: list[pl.DataFrame], empty: Mapping[str, Any] | None = None) -> pl.DataFrame:
-    have = [f for f in frames if f.width]
-    if not have:
-        return pl.DataFrame(schema=dict(empty or {"rank": pl.Int64}))
-    return pl.concat(have, how="vertical_relaxed")
-
-
-_IDLE_TOTALS = {"rank": pl.Int64, "cause": pl.String, "total_ns": pl.Int64, "count": pl.UInt32}
-_IDLE_GAPS = {"rank": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "dur_ns": pl.Int64, "cause": pl.String,
-              "step_id": pl.Int64, "next_name": pl.String, "detail": pl.String}
-
-
 def cross_rank_sections(df: pl.DataFrame, meta: Mapping[str, Any], opts: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """JSON sections (see :data:`SECTION_KEYS`) + ``_comm_parts``; pure (quality flags go to ``opts['quality']``).
+    """JSON sections (see :func:`section_keys`) + ``_comm_parts``; pure (quality flags go to ``opts['quality']``).
 
     ``opts``: ``window`` (object with ``start_ns``/``end_ns``, None = whole trace), ``quality`` (a
     :class:`QualityLog` to extend), ``min_wait_ns``, ``min_rel_step``, ``max_items`` (list caps).

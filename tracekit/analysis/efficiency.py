@@ -27,6 +27,8 @@ import polars as pl
 
 from tracekit.analysis import intervals as iv
 from tracekit.analysis._num import fdiv, seq_sum
+from tracekit.analysis.findings import Finding, efficiency_candidates
+from tracekit.analysis.registry import Analysis, FindingsContext, FinishContext, Finished, records, register
 from tracekit.analysis.window import cpu_device_expr, cpu_mode_ranks
 from tracekit.dtypes import dtype_bytes
 from tracekit.analysis.gpus import GpuPeaks, gpu_peaks, peak_flops_per_s, rank_gpu_info
@@ -329,3 +331,32 @@ def moe_gemm_findings(v: Mapping[str, Any]) -> list[tuple[float, str]]:
         s = (f"{head} in {r['launches']:,} launches, at most {r['roofline_pct_max']:.0f}% of its roofline ceiling "
              "(weight bytes are a bound): likely untuned kernel configs.")
     return [(float(r["gpu_ns"]), s)]
+
+
+# --- the ``kernel_efficiency`` and ``moe_gemm`` analyses (tracekit.analysis.registry) --------------------------------
+
+def _eff_finish(parts: list[pl.DataFrame], ctx: FinishContext) -> Finished:
+    eff = efficiency_finish(parts)
+    return Finished({"kernel_efficiency": records(eff, ctx.options["max_rows"])}, eff)
+
+
+def _eff_findings(ctx: FindingsContext) -> list[Finding]:
+    if moe_gemm_findings(ctx.results["moe_gemm"].value):  # the workload-derived verdict speaks instead
+        return []
+    return efficiency_candidates(ctx.result.value)
+
+
+def _moe_finish(parts: list[pl.DataFrame], ctx: FinishContext) -> Finished:
+    v = moe_gemm_finish(parts, ctx.meta)
+    return Finished({"moe_gemm": v}, v)
+
+
+KERNEL_EFFICIENCY = register(Analysis(
+    "kernel_efficiency", ("kernel_efficiency",),
+    ("rank", "kind", "ts_ns", "dur_ns", "tid", "name", "category", "launch_ts_ns", "launch_tid", "input_dims", "input_types"),
+    lambda df, ctx: kernel_efficiency(df, ctx.meta, flag_below=ctx.options["flag_below"]), _eff_finish, _eff_findings,
+    options={"flag_below": 0.3, "max_rows": 50}, findings_needs=("moe_gemm",), order=60))
+MOE_GEMM = register(Analysis(
+    "moe_gemm", ("moe_gemm",), ("rank", "kind", "dur_ns", "name", "category", "step_id", "tokens"),
+    lambda df, ctx: moe_gemm_part(df, ctx.meta), _moe_finish,
+    lambda ctx: [Finding("moe_gemm", t, w) for w, t in moe_gemm_findings(ctx.result.value)], order=70, findings_first=True))

@@ -23,6 +23,8 @@ import polars as pl
 
 from tracekit.analysis import intervals as iv
 from tracekit.analysis.efficiency import GEMM_OPS
+from tracekit.analysis.findings import Finding
+from tracekit.analysis.registry import Analysis, FindingsContext, FinishContext, Finished, register
 
 __all__ = ["expert_load_part", "expert_load_finish", "expert_load_finding"]
 
@@ -147,3 +149,21 @@ def expert_load_finding(v: Mapping[str, Any]) -> str | None:
     if v.get("status") in ("grouped_no_offsets", "no_shapes"):
         return f"Expert load imbalance is not in this trace: {v['needs']}."
     return None
+
+
+# --- the ``expert_load`` analysis (tracekit.analysis.registry) ------------------------------------------------------
+
+def _finish(parts: list[pl.DataFrame], ctx: FinishContext) -> Finished:
+    v = expert_load_finish(parts, ctx.meta)
+    return Finished({"expert_load": v}, v)
+
+
+def _findings(ctx: FindingsContext) -> list[Finding]:
+    s = expert_load_finding(ctx.result.value)
+    return [Finding("expert_load", s, 0.6)] if s else []
+
+
+ANALYSIS = register(Analysis(
+    "expert_load", ("expert_load",),
+    ("rank", "kind", "ts_ns", "dur_ns", "tid", "name", "category", "launch_ts_ns", "launch_tid", "step_id", "tokens", "input_dims"),
+    lambda df, ctx: expert_load_part(df), _finish, _findings, order=80, findings_first=True))

@@ -23,8 +23,9 @@ from typing import Any, Iterable, Mapping
 
 import polars as pl
 
-__all__ = ["Finding", "rank_findings", "basic_candidates", "cross_rank_candidates", "basic_findings", "host_cpus",
-           "is_collective_name", "RESIDUAL_WARN_NS"]
+__all__ = ["Finding", "rank_findings", "basic_candidates", "stall_candidates", "clock_candidates", "idle_candidates",
+           "pcie_candidates", "power_candidates", "step_candidates", "efficiency_candidates", "host_cpus", "is_collective_name",
+           "RESIDUAL_WARN_NS"]
 
 #: clock alignment residual above which cross-rank waits are gated
 RESIDUAL_WARN_NS = 50_000
@@ -134,11 +135,6 @@ def basic_candidates(res: Mapping[str, Any], meta: Mapping[str, Any] | None = No
     return out
 
 
-def basic_findings(res: dict[str, Any], meta: Mapping[str, Any] | None = None) -> list[str]:
-    """Plain-words headline from the breakdown alone (cross-rank analysis adds more)."""
-    return rank_findings(basic_candidates(res, meta))
-
-
 # --- cross-rank candidates -----------------------------------------------------------------------------------------
 
 _CAUSE_WORDS = {
@@ -175,14 +171,12 @@ def _ms(ns: float | None) -> str:
     return f"{(ns or 0) / 1e6:.1f} ms"
 
 
-def cross_rank_candidates(out: Mapping[str, Any], residual: int | None, idle: Any, pcie: pl.DataFrame, pw: Any, st: Any,
-                          eff: pl.DataFrame, wmap: dict[int, int], cpu: bool, observed: dict[int, int] | None = None,
-                          extra: Iterable[Finding] = ()) -> list[Finding]:
-    """Candidates of the cross-rank analyses. ``wmap``: per rank, the extent of its device ops in the window;
-    ``cpu``: the window holds rows but no GPU op; ``extra``: more candidates (efficiency, interconnect ...)."""
-    found: list[Finding] = list(extra)
-    # stalls: who waited for whom, and why
-    for row in out["collectives"]["stall_summary"][:5]:
+def stall_candidates(coll: Mapping[str, Any], cpu: bool, verdicts: Iterable[str] = ()) -> list[Finding]:
+    """Candidates of the ``collectives`` section: who waited for whom and why, the wait share of each group and
+    of each rank. ``cpu``: CPU mode (other words); ``verdicts``: the ``coll_name:pg`` subjects the interconnect
+    verdict speaks about (its sentence replaces the generic wait share)."""
+    found: list[Finding] = []
+    for row in coll["stall_summary"][:5]:
         waiting = ", ".join(str(r) for r in row["waiting_ranks"])
         cause = row["cause"]
         det_name = row.get("top_detail")
@@ -195,10 +189,9 @@ def cross_rank_candidates(out: Mapping[str, Any], residual: int | None, idle: An
         found.append(Finding("stall", f"Rank(s) {waiting} lost {_ms(row['lost_ns'])} in {row['count']} collective wait(s) "
                                       f"for rank {row['late_rank']}: {why}{det}.", float(row["lost_ns"]),
                              subject=f"{row['late_rank']}:{cause}", cross_rank=True, per_event_ns=row["lost_ns"] / n, samples=n))
-    # communication split (the interconnect verdict, when given, replaces the generic sentence)
-    have_ic = {f.subject for f in found if f.code == "interconnect"}
-    n_inst = max(int(out["collectives"].get("instances") or 0), 1)
-    for g in out["collectives"]["groups"]:
+    have_ic = set(verdicts)
+    n_inst = max(int(coll.get("instances") or 0), 1)
+    for g in coll["groups"]:
         ws = g.get("wait_share")
         if ws is not None and g["kernel_ns"] > 0 and ws >= 0.3 and f"{g['coll_name']}:{g['pg']}" not in have_ic:
             if ws >= 0.7:
@@ -211,39 +204,66 @@ def cross_rank_candidates(out: Mapping[str, Any], residual: int | None, idle: An
                                                f"waiting for the last rank, {1 - ws:.0%} is transfer{tail}",
                                  float(g["wait_ns"]), subject=f"{g['coll_name']}:{g['pg']}", cross_rank=True,
                                  per_event_ns=g["wait_ns"] / n_inst))
-    for r in out["collectives"]["per_rank"]:
+    for r in coll["per_rank"]:
         if r["kernel_ns"] > 0 and r["wait_ns"] / r["kernel_ns"] >= 0.5:
             found.append(Finding("rank_waiting", f"Rank {r['rank']}: {r['wait_ns'] / r['kernel_ns']:.0%} of its collective time "
                                                  f"({_ms(r['wait_ns'])} of {_ms(r['kernel_ns'])}) is waiting on peers.",
                                  float(r["wait_ns"]) * 0.5, subject=str(r["rank"]), cross_rank=True, per_event_ns=r["wait_ns"] / n_inst))
-    # idle causes
-    if idle.totals.height:
-        if observed:
-            wmap = {r: min(w, observed.get(r, w)) for r, w in wmap.items()}
-        tot = idle.totals.filter(pl.col("cause") != "waiting_on_peer").sort(["total_ns", "rank", "cause"], descending=[True, False, False])
-        for row in tot.head(6).iter_rows(named=True):
-            w = wmap.get(int(row["rank"]), 0)
-            if w and row["total_ns"] / w >= 0.05:
-                c = row["cause"]
-                words = _CPU_WORDS[c] if cpu and c in _CPU_WORDS else _IDLE_WORDS.get(c, c)
-                found.append(Finding("idle", f"Rank {row['rank']} {'idle (CPU mode)' if cpu else 'GPU idle'} {_ms(row['total_ns'])} "
-                                             f"({row['total_ns'] / w:.0%} of its window) {words}, {row['count']} gap(s).",
-                                     float(row["total_ns"]), subject=f"{row['rank']}:{c}", samples=int(row["count"])))
-    # PCIe
-    if pcie.height:
-        tot_ns = int(pcie["dur_ns"].sum())
-        ranks = ", ".join(str(r) for r in sorted(set(pcie["rank"].to_list())))
-        durs = pcie.explode("during")["during"].drop_nulls()
-        top = durs.value_counts(sort=True).head(2)["during"].to_list() if durs.len() else []
-        with_ = f"; meanwhile: {', '.join(_short(t) for t in top)}" if top else ""
-        found.append(Finding("pcie", f"{pcie.height} PCIe-bound phase(s) on rank(s) {ranks}, {_ms(tot_ns)} in total, up to "
-                                     f"{min(float(pcie['pct_of_link'].cast(pl.Float64).fill_null(0.0).to_numpy().max()), 100.0):.0f}% of the link{with_}.", float(tot_ns)))
-    # power
-    for v in pw.verdicts:
-        found.append(Finding("power", v + ".", 1.0))
-    # steps: percentiles need at least 3 steps
-    if st.summary.height:
-        for row in st.summary.sort("steps", descending=True).head(2).iter_rows(named=True):
+    return found
+
+
+def clock_candidates(residual: int | None) -> list[Finding]:
+    """The clock alignment residual, when it gates cross-rank waits (:func:`rank_findings` states it first)."""
+    if residual is not None and residual > RESIDUAL_WARN_NS:
+        return [Finding("clock_residual", f"Clock alignment residual is {residual / 1e3:.0f} µs: cross-rank waits below that are not reliable.",
+                        float(residual))]
+    return []
+
+
+def idle_candidates(totals: pl.DataFrame, wmap: Mapping[int, int], cpu: bool, observed: Mapping[int, int] | None = None) -> list[Finding]:
+    """Idle causes of at least 5% of a rank's window (``wmap``: the extent of its device ops; ``observed``: its
+    recorded time in a windowed capture, which caps it)."""
+    found: list[Finding] = []
+    if not totals.height:
+        return found
+    if observed:
+        wmap = {r: min(w, observed.get(r, w)) for r, w in wmap.items()}
+    tot = totals.filter(pl.col("cause") != "waiting_on_peer").sort(["total_ns", "rank", "cause"], descending=[True, False, False])
+    for row in tot.head(6).iter_rows(named=True):
+        w = wmap.get(int(row["rank"]), 0)
+        if w and row["total_ns"] / w >= 0.05:
+            c = row["cause"]
+            words = _CPU_WORDS[c] if cpu and c in _CPU_WORDS else _IDLE_WORDS.get(c, c)
+            found.append(Finding("idle", f"Rank {row['rank']} {'idle (CPU mode)' if cpu else 'GPU idle'} {_ms(row['total_ns'])} "
+                                         f"({row['total_ns'] / w:.0%} of its window) {words}, {row['count']} gap(s).",
+                                 float(row["total_ns"]), subject=f"{row['rank']}:{c}", samples=int(row["count"])))
+    return found
+
+
+def pcie_candidates(pcie: pl.DataFrame) -> list[Finding]:
+    """One sentence for all PCIe-bound phases."""
+    if not pcie.height:
+        return []
+    tot_ns = int(pcie["dur_ns"].sum())
+    ranks = ", ".join(str(r) for r in sorted(set(pcie["rank"].to_list())))
+    durs = pcie.explode("during")["during"].drop_nulls()
+    top = durs.value_counts(sort=True).head(2)["during"].to_list() if durs.len() else []
+    with_ = f"; meanwhile: {', '.join(_short(t) for t in top)}" if top else ""
+    return [Finding("pcie", f"{pcie.height} PCIe-bound phase(s) on rank(s) {ranks}, {_ms(tot_ns)} in total, up to "
+                            f"{min(float(pcie['pct_of_link'].cast(pl.Float64).fill_null(0.0).to_numpy().max()), 100.0):.0f}% of the link{with_}.",
+                    float(tot_ns))]
+
+
+def power_candidates(verdicts: Iterable[str]) -> list[Finding]:
+    """The power verdicts, one candidate each."""
+    return [Finding("power", v + ".", 1.0) for v in verdicts]
+
+
+def step_candidates(summary: pl.DataFrame, steps: pl.DataFrame) -> list[Finding]:
+    """Step time of the two largest step groups (percentiles need at least 3 steps), and steps without GPU ops."""
+    found: list[Finding] = []
+    if summary.height:
+        for row in summary.sort("steps", descending=True).head(2).iter_rows(named=True):
             tps = f", {row['tokens_per_s']:.0f} tokens/s" if row.get("tokens_per_s") else ""
             bs = f" bs={row['batch_size']}" if row.get("batch_size") is not None else ""
             n = int(row["steps"])
@@ -253,19 +273,21 @@ def cross_rank_candidates(out: Mapping[str, Any], residual: int | None, idle: An
             spread = f"p90 {_ms(p90)}, " if n >= 3 else ""  # a percentile needs at least 3 steps
             found.append(Finding("steps", f"{row['mode'] or 'Steps'}{bs}: step time p50 {_ms(p50)}{host}, {spread}"
                                           f"over {n} step(s){tps}.", 0.5, samples=n))
-    if st.steps.height:
-        n_no = st.steps.filter(pl.col("no_gpu")).height
+    if steps.height:
+        n_no = steps.filter(pl.col("no_gpu")).height
         if n_no:
             found.append(Finding("steps_without_gpu", f"{n_no} profiled step(s) have no GPU events attributed.", 0.4))
-    # efficiency from recorded shapes (the workload-derived verdict comes in ``extra``)
-    if eff.height and not any(f.code == "moe_gemm" for f in found):
-        bad = eff.filter(pl.col("flag") == "moe_untuned")
-        if bad.height:
-            worst = bad.sort("gpu_ns", descending=True).row(0, named=True)
-            found.append(Finding("moe_untuned", f"{bad.height} MoE GEMM shape(s) run far below roofline (e.g. {worst['op']} "
-                                                f"{worst['input_dims']} in {_short(worst['kernel'])}: {worst['efficiency']:.0%} of its ceiling): "
-                                                "likely untuned kernel configs.", float(bad["gpu_ns"].sum())))
-    if residual is not None and residual > RESIDUAL_WARN_NS:
-        found.append(Finding("clock_residual", f"Clock alignment residual is {residual / 1e3:.0f} µs: cross-rank waits below that are not reliable.",
-                             float(residual)))
     return found
+
+
+def efficiency_candidates(eff: pl.DataFrame) -> list[Finding]:
+    """MoE GEMM shapes far below their roofline (from recorded shapes)."""
+    if not eff.height:
+        return []
+    bad = eff.filter(pl.col("flag") == "moe_untuned")
+    if not bad.height:
+        return []
+    worst = bad.sort("gpu_ns", descending=True).row(0, named=True)
+    return [Finding("moe_untuned", f"{bad.height} MoE GEMM shape(s) run far below roofline (e.g. {worst['op']} "
+                                   f"{worst['input_dims']} in {_short(worst['kernel'])}: {worst['efficiency']:.0%} of its ceiling): "
+                                   "likely untuned kernel configs.", float(bad["gpu_ns"].sum()))]

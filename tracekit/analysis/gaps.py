@@ -44,6 +44,8 @@ import polars as pl
 
 from tracekit.analysis import intervals as iv
 from tracekit.analysis.blocking import SYNC_REGEX as _SYNC_REGEX
+from tracekit.analysis.findings import Finding, idle_candidates
+from tracekit.analysis.registry import Analysis, FindingsContext, FinishContext, Finished, PartContext, concat, records, register
 from tracekit.analysis.window import cpu_mode_ranks, device_op_expr
 from tracekit.schema import GPU_OP_KINDS
 
@@ -60,6 +62,10 @@ HOST_KINDS = ("cpu_op", "runtime")
 ANY_TID = -(2**62)
 #: CPU mode: family of the top-level host readbacks on the forward thread (docs/cpu_mode.md)
 CPU_SYNC_FAMILY = "host_sync.cpu"
+#: columns of :attr:`IdleCauses.totals` and of its gaps
+_TOTALS_SCHEMA = {"rank": pl.Int64, "cause": pl.String, "total_ns": pl.Int64, "count": pl.UInt32}
+_GAPS_SCHEMA = {"rank": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "dur_ns": pl.Int64, "cause": pl.String,
+                "step_id": pl.Int64, "next_name": pl.String, "detail": pl.String}
 
 
 def gpu_ops(df: pl.DataFrame, columns: list[str] | None = None) -> pl.DataFrame:
@@ -193,11 +199,9 @@ def idle_causes(
     first GPU op start → last GPU op end; gaps shorter than ``min_gap_ns`` are dropped.
     ``host``: :func:`host_activity` of the ranks (default: computed from ``df``'s own host rows)."""
     ops = gpu_ops(df, ["step_id", "name", "kind", "launch_ts_ns", "launch_dur_ns", "tid", "launch_tid"])
-    schema = {"rank": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "dur_ns": pl.Int64, "cause": pl.String,
-              "step_id": pl.Int64, "next_name": pl.String, "detail": pl.String}
     if ops.height == 0:
-        e = pl.DataFrame(schema=schema)
-        return IdleCauses(e, pl.DataFrame(schema={"rank": pl.Int64, "cause": pl.String, "total_ns": pl.Int64, "count": pl.UInt32}), e)
+        e = pl.DataFrame(schema=_GAPS_SCHEMA)
+        return IdleCauses(e, pl.DataFrame(schema=_TOTALS_SCHEMA), e)
     bounds = _windows(ops, window)
     g = iv.gaps(ops.select("rank", "start", "end"), by="rank", bounds=bounds).filter(
         (pl.col("end") - pl.col("start")) >= max(min_gap_ns, 1)
@@ -314,3 +318,34 @@ def restrict_to_spans(idle: IdleCauses, spans: Any, *, top_n: int = 10) -> IdleC
     g = iv.intersect(idle.gaps, sp, start="start_ns", end="end_ns").drop(["lo", "hi"])
     g = g.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("dur_ns")).sort(["rank", "start_ns"], maintain_order=True)
     return IdleCauses(g, _totals(g), _largest(g, top_n))
+
+
+# --- the ``idle`` analysis (tracekit.analysis.registry) -------------------------------------------------------------
+
+def _part(df: pl.DataFrame, ctx: PartContext) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Idle totals and largest gaps of the window's rows; a windowed capture's gaps are cut to its profiler windows."""
+    plan, o = ctx.plan, ctx.options
+    window = (plan.lo, plan.hi) if plan.lo is not None and plan.hi is not None else None
+    idle = idle_causes(df, ctx.instances, window=window, host=ctx.host, tol_ns=o["tol_ns"], top_n=o["top_n"])
+    if plan.spans:  # windowed capture: time between profiler windows was not recorded
+        idle = restrict_to_spans(idle, plan.spans, top_n=o["top_n"])
+    return idle.totals, idle.largest
+
+
+def _finish(parts: list[tuple[pl.DataFrame, pl.DataFrame]], ctx: FinishContext) -> Finished:
+    idle = IdleCauses(pl.DataFrame(), concat([p[0] for p in parts], _TOTALS_SCHEMA), concat([p[1] for p in parts], _GAPS_SCHEMA))
+    return Finished({
+        "idle_causes_ns": idle.by_rank_ns(),
+        "idle_gaps": {str(r): records(g.drop("rank"), ctx.options["top_n"]) for (r,), g in idle.largest.group_by("rank", maintain_order=True)},
+    }, idle)
+
+
+def _findings(ctx: FindingsContext) -> list[Finding]:
+    ext = ctx.results["extents"].value
+    return idle_candidates(ctx.result.value.totals, ext.wmap, ext.cpu, ext.observed)
+
+
+ANALYSIS = register(Analysis(
+    "idle", ("idle_causes_ns", "idle_gaps"),
+    ("rank", "kind", "ts_ns", "dur_ns", "tid", "name", "category", "family", "launch_ts_ns", "launch_dur_ns", "launch_tid", "step_id"),
+    _part, _finish, _findings, options={"tol_ns": 20_000, "top_n": 10}, findings_needs=("extents",), rows="window", order=20))

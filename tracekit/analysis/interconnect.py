@@ -24,7 +24,11 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
+import polars as pl
+
+from tracekit.analysis.findings import Finding
 from tracekit.analysis.gpus import GpuPeaks, gpu_peaks, rank_gpu_info
+from tracekit.analysis.registry import Analysis, FinishContext, Finished, register
 
 __all__ = ["interconnect_verdict", "path_models", "ALPHA_NS"]
 
@@ -146,3 +150,23 @@ def interconnect_verdict(groups: list[Mapping[str, Any]], meta: Mapping[str, Any
             f"Transfer is {tr / 1e6:.1f} ms ({share:.1%} of the window); at {best_name} speed it would save {save_ns / 1e6:.1f} ms"
             f"{per_step}.{fuse}")))
     return rows, found
+
+
+# --- the ``interconnect`` analysis (tracekit.analysis.registry): from the collective groups, steps and extents --------
+
+def _finish(parts: list[Any], ctx: FinishContext) -> Finished:
+    ext = ctx.results["extents"].value
+    if ext.cpu:  # CPU mode: gloo over host memory on one host, no link to judge
+        return Finished({"interconnect": []}, [])
+    st = ctx.results["steps"].value.steps
+    n_steps = int(st.filter(~pl.col("no_gpu"))["step_id"].n_unique()) if st.height else 0
+    rows, found = interconnect_verdict(ctx.results["collectives"].sections["collectives"]["groups"], ctx.meta,
+                                       window_ns=sum(ext.seen.values()), steps=n_steps,
+                                       ranks=len(ext.wmap) or int(ctx.meta.get("world_size") or 2))
+    return Finished({"interconnect": rows}, found)
+
+
+ANALYSIS = register(Analysis(
+    "interconnect", ("interconnect",), (), None, _finish,
+    lambda ctx: [Finding("interconnect", t, w, subject=subj) for subj, w, t in ctx.result.value],
+    needs=("extents", "collectives", "steps"), order=90, findings_first=True))

@@ -26,8 +26,10 @@ import polars as pl
 
 from tracekit.analysis import intervals as iv
 from tracekit.analysis._num import fdiv, seq_mean
+from tracekit.analysis.findings import pcie_candidates
 from tracekit.analysis.gaps import gpu_ops
 from tracekit.analysis.gpus import rank_gpu_info
+from tracekit.analysis.registry import Analysis, FinishContext, Finished, PartContext, records, register
 
 __all__ = ["pcie_phases", "pcie_part", "pcie_finish", "PciePart", "PHASE_COLUMNS"]
 
@@ -194,3 +196,20 @@ def pcie_phases(
     """
     return pcie_finish([pcie_part(df, meta, instances=instances, threshold=threshold, min_samples=min_samples,
                                   merge_gap_ns=merge_gap_ns, min_phase_ns=min_phase_ns)])
+
+
+# --- the ``pcie`` analysis (tracekit.analysis.registry) -------------------------------------------------------------
+
+def _part(df: pl.DataFrame, ctx: PartContext) -> PciePart:
+    return pcie_part(df, ctx.meta, instances=ctx.instances, **ctx.options)
+
+
+def _finish(parts: list[PciePart], ctx: FinishContext) -> Finished:
+    ph = pcie_finish(parts)
+    return Finished({"pcie_phases": records(ph, ctx.plan.max_items)}, ph)
+
+
+ANALYSIS = register(Analysis(
+    "pcie", ("pcie_phases",), ("rank", "kind", "ts_ns", "dur_ns", "name", "category", "bytes", "memcpy_kind", "value"),
+    _part, _finish, lambda ctx: pcie_candidates(ctx.result.value),
+    options={"threshold": 0.8, "min_samples": 2, "merge_gap_ns": 10_000, "min_phase_ns": 100_000}, order=30))

@@ -6,7 +6,8 @@ One driver, two sources:
   analyses run once on the whole frame (every one of them is keyed by rank);
 * :class:`ScanSource` — a ``trace.parquet`` (``tracekit.api.analyze``): the per-rank analyses run
   on one rank at a time, read with a lazy scan that skips the other ranks' row groups and keeps
-  only the rows and columns the analyses read (:data:`ANALYSIS_COLUMNS`, :func:`analysis_rows_expr`).
+  only the rows and columns the analyses read (:func:`analysis_columns`, from the registry of analyses,
+  :mod:`tracekit.analysis.registry`; :func:`analysis_rows_expr`).
   Memory: one rank's projected rows plus the small cross-rank tables.
 
 Steps (docs/scale.md §2):
@@ -19,11 +20,13 @@ Steps (docs/scale.md §2):
 3. **cross-rank plan** (:func:`tracekit.analysis.crossrank.cross_rank_plan`): collective matching,
    clock offsets, communication split, stall candidates — on the small rows only;
 4. **map**, per rank: breakdown (:func:`compute_breakdown`), kernel totals (:func:`kernel_totals`)
-   and :func:`tracekit.analysis.crossrank.cross_rank_part` (stall inputs, idle causes, PCIe, power,
-   steps, kernel efficiency); each keeps only small outputs;
+   and :func:`tracekit.analysis.crossrank.cross_rank_part` (every registered analysis' part: stall
+   inputs, idle causes, PCIe, power, steps, kernel efficiency, MoE GEMMs, expert load, extents); each
+   keeps only small outputs;
 5. **reduce**: :func:`breakdown_finish`, :func:`merge_kernel_totals` (exact sums; top-N after the
-   sum) and :func:`tracekit.analysis.crossrank.cross_rank_finish` (exact: percentiles over the full
-   step table, stall causes from every rank's inputs).
+   sum) and :func:`tracekit.analysis.crossrank.cross_rank_finish` (every registered analysis' finish,
+   exact: percentiles over the full step table, stall causes from every rank's inputs; then their
+   findings through the one ranker); ``next_win`` runs after the finish (:func:`_add_next_win`).
 """
 
 from __future__ import annotations
@@ -37,24 +40,37 @@ import polars as pl
 from tracekit._errors import InputError, QualityLog, UsageError
 from tracekit.analysis.breakdown import (breakdown_finish, compute_breakdown, kernel_totals, merge_kernel_totals, top_kernels,
                                          uncategorized_top)
-from tracekit.analysis.findings import basic_candidates, basic_findings, rank_findings
+from tracekit.analysis.findings import basic_candidates, rank_findings
 from tracekit.analysis.gaps import SYNC_REGEX, host_activity
+from tracekit.analysis.registry import declare_columns, declared_columns
 from tracekit.analysis.result import AnalysisResult
 from tracekit.schema import first_line
 from tracekit.analysis.window import Window, parse_time_range, select_window, trace_overview
 
-__all__ = ["basic_findings", "ANALYSIS_COLUMNS", "analysis_rows_expr", "FrameSource", "ScanSource", "run_analysis", "ANALYSIS_VERSION"]
+__all__ = ["analysis_columns", "analysis_rows_expr", "FrameSource", "ScanSource", "run_analysis", "ANALYSIS_VERSION"]
 
 #: Version of the analyze JSON object (bumped on incompatible changes).
 ANALYSIS_VERSION = 1
 
-#: the columns any analysis of ``tracekit analyze`` reads (30 of the trace's 49)
-ANALYSIS_COLUMNS = [
-    "rank", "kind", "ts_ns", "dur_ns", "stream", "tid", "name", "category", "family", "launch_ts_ns", "launch_dur_ns",
-    "launch_tid", "bytes", "memcpy_kind", "coll_name", "coll_in_nelems", "coll_out_nelems", "coll_dtype", "coll_group_size",
-    "pg_name", "pg_ranks", "coll_seq", "step_id", "step_mode", "batch_size", "tokens", "profiled", "value", "input_dims",
-    "input_types",
-]
+# what the stages of the per-rank map outside the registry read (tracekit.analysis.registry.declare_columns)
+declare_columns("rows", ("kind", "name", "category", "family", "input_dims"))  # analysis_rows_expr
+declare_columns("breakdown", ("rank", "kind", "ts_ns", "dur_ns", "category", "family"))  # compute_breakdown + comm_parts
+declare_columns("kernel_totals", ("rank", "kind", "ts_ns", "dur_ns", "name", "category", "family"))
+
+
+def analysis_columns() -> list[str]:
+    """The columns any analysis of ``tracekit analyze`` reads: the union of what every registered
+    analysis and every stage declares (:func:`tracekit.analysis.registry.declared_columns`), in the
+    trace schema's order; a scan projects each rank's rows to these."""
+    from tracekit.analysis import crossrank  # noqa: F401 - its stage declares the columns it reads
+
+    return declared_columns()
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ANALYSIS_COLUMNS":  # derived from the registry, so it follows registrations: :func:`analysis_columns`
+        return analysis_columns()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def analysis_rows_expr(sync_names: list[str] | None = None) -> pl.Expr:
@@ -108,12 +124,13 @@ class ScanSource:
         return self.lf
 
     def parts(self, ranks: list[int]) -> Iterator[tuple[list[int] | None, pl.DataFrame]]:
+        cols = analysis_columns()
         for r in ranks:
             one = self.lf.filter(pl.col("rank") == r)
             # blocking runtime calls: the regex runs on the rank's distinct runtime names, not on every row
             names = _collect(one.filter(pl.col("kind") == "runtime").select(pl.col("name").unique()), self.path, rank=r)
             sync = names.filter(pl.col("name").cast(pl.String).str.contains(SYNC_REGEX))["name"].cast(pl.String).to_list()
-            yield [r], _collect(one.filter(analysis_rows_expr(sync)).select(ANALYSIS_COLUMNS), self.path, rank=r)
+            yield [r], _collect(one.filter(analysis_rows_expr(sync)).select(cols), self.path, rank=r)
 
     def host(self, ranks: list[int] | None) -> pl.DataFrame:
         """Host activity of ``ranks`` from a lazy scan of five columns (launch calls are not in the part)."""

@@ -25,8 +25,10 @@ import polars as pl
 from tracekit.analysis import intervals as iv
 from tracekit.analysis._num import fdiv, seq_mean
 from tracekit.analysis.collectives import collective_ops
+from tracekit.analysis.findings import power_candidates
 from tracekit.analysis.gaps import gpu_ops
 from tracekit.analysis.gpus import rank_gpu_info
+from tracekit.analysis.registry import Analysis, FinishContext, Finished, PartContext, register
 
 __all__ = ["PowerResult", "power_verdicts", "power_part", "power_finish"]
 
@@ -187,3 +189,20 @@ def power_verdicts(
     part = power_part(df, meta, low_power_frac=low_power_frac, high_power_frac=high_power_frac, busy_frac=busy_frac,
                       spin_min_ns=spin_min_ns, observed_ns=observed_ns)
     return power_finish([part], low_power_frac=low_power_frac, spin_min_ns=spin_min_ns)
+
+
+# --- the ``power`` analysis (tracekit.analysis.registry) ------------------------------------------------------------
+
+def _part(df: pl.DataFrame, ctx: PartContext) -> PowerResult:
+    return power_part(df, ctx.meta, observed_ns=ctx.observed, **ctx.options)
+
+
+def _finish(parts: list[PowerResult], ctx: FinishContext) -> Finished:
+    pw = power_finish(parts, low_power_frac=ctx.options["low_power_frac"], spin_min_ns=ctx.options["spin_min_ns"])
+    return Finished({"power": pw.to_json()}, pw)
+
+
+ANALYSIS = register(Analysis(
+    "power", ("power",), ("rank", "kind", "ts_ns", "dur_ns", "name", "category", "value"),
+    _part, _finish, lambda ctx: power_candidates(ctx.result.value.verdicts),
+    options={"low_power_frac": 0.35, "high_power_frac": 0.9, "busy_frac": 0.5, "spin_min_ns": 1_000_000}, order=40))

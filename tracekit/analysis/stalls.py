@@ -28,7 +28,9 @@ from typing import Any
 import polars as pl
 
 from tracekit.analysis import intervals as iv
+from tracekit.analysis.findings import Finding, clock_candidates, stall_candidates
 from tracekit.analysis.gaps import asof, busy_before, gpu_ops, sync_calls
+from tracekit.analysis.registry import Analysis, FindingsContext, FinishContext, Finished, PartContext, records, register
 
 __all__ = ["detect_stalls", "stall_summary", "lost_by_rank", "STALL_CAUSES", "MIN_WAIT_NS", "MIN_REL_STEP",
            "StallPlan", "StallPart", "stall_plan", "stall_part", "stall_finish", "stall_steps", "empty_stalls"]
@@ -281,3 +283,40 @@ def lost_by_rank(stalls: pl.DataFrame) -> pl.DataFrame:
         .rename({"waiting_rank": "rank"})
         .sort("rank")
     )
+
+
+# --- the ``collectives`` analysis (tracekit.analysis.registry): stalls + the collective summary --------------------
+
+def _part(df: pl.DataFrame, ctx: PartContext) -> StallPart | None:
+    return stall_part(ctx.plan.stalls, df) if ctx.plan.stalls is not None else None
+
+
+def _finish(parts: list[StallPart | None], ctx: FinishContext) -> Finished:
+    plan = ctx.plan
+    stalls = stall_finish(plan.stalls, [p for p in parts if p is not None]) if plan.stalls is not None else empty_stalls()
+    lost = lost_by_rank(stalls)
+    return Finished({
+        "stalls": records(stalls.sort("wait_ns", descending=True, maintain_order=True).select(
+            "waiting_rank", "late_rank", "wait_ns", "ts_ns", "step", "collective", "cause", "detail"), plan.max_items),
+        "collectives": {
+            "clock_alignment": plan.align.to_json(),
+            "instances": plan.instances,
+            "groups": records(plan.groups),
+            "per_rank": records(plan.per_rank),
+            "stall_count": stalls.height,
+            "stall_summary": records(stall_summary(stalls)),
+            "lost_by_rank": {str(r): int(v) for r, v in zip(lost["rank"].to_list(), lost["lost_ns"].to_list())},
+            "thresholds": {"min_wait_ns": plan.min_wait, "min_rel_step": plan.min_rel},
+        },
+    }, stalls)
+
+
+def _findings(ctx: FindingsContext) -> list[Finding]:
+    verdicts = [subj for subj, _w, _t in ctx.results["interconnect"].value]
+    return (stall_candidates(ctx.result.sections["collectives"], ctx.results["extents"].value.cpu, verdicts)
+            + clock_candidates(ctx.plan.align.residual_ns))
+
+
+ANALYSIS = register(Analysis(
+    "collectives", ("stalls", "collectives"), ("rank", "kind", "ts_ns", "dur_ns", "name", "category", "family"),
+    _part, _finish, _findings, findings_needs=("interconnect", "extents"), rows="window", order=10))

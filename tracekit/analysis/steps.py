@@ -20,7 +20,9 @@ import polars as pl
 
 from tracekit._errors import Quality, QualityLog
 from tracekit.analysis import intervals as iv
+from tracekit.analysis.findings import step_candidates
 from tracekit.analysis.gaps import gpu_ops
+from tracekit.analysis.registry import Analysis, FinishContext, Finished, register
 from tracekit.schema import CATEGORIES
 
 __all__ = ["StepPart", "StepStats", "comm_wait_by_step", "step_finish", "step_part", "step_stats"]
@@ -150,3 +152,19 @@ def step_stats(df: pl.DataFrame, instances: pl.DataFrame | None = None) -> StepS
     """
     part = step_part(df, comm_wait_by_step(instances))
     return step_finish([part] if part is not None else [])
+
+
+# --- the ``steps`` analysis (tracekit.analysis.registry) ------------------------------------------------------------
+
+def _finish(parts: list[StepPart | None], ctx: FinishContext) -> Finished:
+    st = step_finish([p for p in parts if p is not None])
+    ctx.quality.extend(st.quality)
+    ctx.tables["steps"] = st.steps
+    return Finished({"steps": st.to_json(max_steps=ctx.plan.max_items)}, st)
+
+
+ANALYSIS = register(Analysis(
+    "steps", ("steps",),
+    ("rank", "kind", "ts_ns", "dur_ns", "category", "launch_ts_ns", "step_id", "step_mode", "batch_size", "tokens", "profiled"),
+    lambda df, ctx: step_part(df, ctx.plan.comm_wait), _finish,
+    lambda ctx: step_candidates(ctx.result.value.summary, ctx.result.value.steps), order=50))
