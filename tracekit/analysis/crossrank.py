@@ -16,7 +16,7 @@ once on the whole frame) and :func:`cross_rank_finish` (exact reduce of the part
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import polars as pl
 
@@ -36,7 +36,7 @@ __all__ = ["cross_rank_sections", "cross_rank_plan", "cross_rank_part", "cross_r
            "section_keys"]
 
 #: what the part driver itself reads of a rank's rows: clock offsets, the window clip, the profiler-window filter
-declare_columns("cross_rank", ("rank", "ts_ns", "dur_ns"))
+declare_columns("cross_rank", ("rank", "ts_ns", "dur_ns", "launch_ts_ns"))  # launch_ts_ns: apply_offsets
 
 
 def section_keys() -> tuple[str, ...]:
@@ -189,7 +189,7 @@ _INST_KEEP = ["rank", "name", "step_id", "arrival_ns", "end_ns", "wait_ns", "tra
 
 
 def cross_rank_part(df: pl.DataFrame, plan: CrossRankPlan, *, ranks: list[int] | None = None,
-                    host: pl.DataFrame | None = None) -> CrossRankPart:
+                    host: pl.DataFrame | None = None, only: Sequence[str] | None = None) -> CrossRankPart:
     """Every registered analysis' part (:mod:`tracekit.analysis.registry`) of the ranks in ``df``.
 
     ``df``: one rank's rows (then ``ranks=[r]`` narrows the instance table to it) or a whole frame
@@ -197,7 +197,8 @@ def cross_rank_part(df: pl.DataFrame, plan: CrossRankPlan, *, ranks: list[int] |
     ``rows="window"`` parts get the window's rows; then, for a windowed capture, the rows are cut to
     the profiler windows (the time between them was not recorded) for the ``rows="observed"`` parts.
     ``host``: :func:`tracekit.analysis.gaps.host_activity` of the ranks (input time base) when ``df``
-    does not hold every host row (a projected scan); default: from ``df``.
+    does not hold every host row (a projected scan); default: from ``df``. ``only``: the names of the
+    analyses to run (default: every registered one).
     """
     adf = apply_offsets(df, plan.align.offsets_ns) if plan.align.applied else df
     wdf = _clip_rows(adf, plan.lo, plan.hi)
@@ -207,7 +208,7 @@ def cross_rank_part(df: pl.DataFrame, plan: CrossRankPlan, *, ranks: list[int] |
         sh = pl.col("rank").replace_strict(off, default=0, return_dtype=pl.Int64)
         host = host.with_columns(pl.col("start") + sh, pl.col("end") + sh)
     inst = plan.rank_instances(ranks)
-    listing = [a for a in analyses() if a.part is not None]
+    listing = [a for a in analyses() if a.part is not None and (only is None or a.name in only)]
     out: dict[str, Any] = {}
 
     def run(a: Analysis, rows: pl.DataFrame, observed: dict[int, int] | None) -> None:

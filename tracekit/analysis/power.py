@@ -203,6 +203,6 @@ def _finish(parts: list[PowerResult], ctx: FinishContext) -> Finished:
 
 
 ANALYSIS = register(Analysis(
-    "power", ("power",), ("rank", "kind", "ts_ns", "dur_ns", "name", "category", "value"),
+    "power", ("power",), ("rank", "kind", "ts_ns", "dur_ns", "name", "category", "family", "value"),
     _part, _finish, lambda ctx: power_candidates(ctx.result.value.verdicts),
     options={"low_power_frac": 0.35, "high_power_frac": 0.9, "busy_frac": 0.5, "spin_min_ns": 1_000_000}, order=40))
