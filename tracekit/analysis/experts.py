@@ -124,11 +124,12 @@ def expert_load_finish(parts: list[pl.DataFrame], meta: Mapping[str, Any] | None
     pairs = pl.col("tokens") * top_k
     t = t.join(tot.select("rank", "step_id", "sum_m"), on=["rank", "step_id"]).filter(pl.col("sum_m") % pairs == 0)
     t = t.with_columns(((pl.col("m").cum_sum().over(["rank", "step_id"]) - pl.col("m")) // pairs).alias("layer"))
-    per = t.group_by("rank", "step_id", "layer").agg(
+    # sorted and maintain_order: the per-layer means below sum the steps in one order, so the figure is reproducible
+    per = t.group_by("rank", "step_id", "layer", maintain_order=True).agg(
         pl.col("m").max().alias("max_tokens"), pl.len().alias("active"), pl.col("m").sum().alias("pairs"), pl.col("tokens").first())
     mean = (pl.col("pairs") / n_exp) if n_exp else (pl.col("pairs") / pl.col("active"))
     per = per.with_columns(mean.alias("mean_tokens")).with_columns((pl.col("max_tokens") / pl.col("mean_tokens")).alias("max_over_mean"))
-    lay = per.group_by("rank", "layer").agg(
+    lay = per.group_by("rank", "layer", maintain_order=True).agg(
         pl.len().alias("steps"), pl.col("max_tokens").max(), pl.col("mean_tokens").mean(), pl.col("max_over_mean").max(),
         pl.col("active").mean().alias("active_experts_mean")).sort(["rank", "layer"])
     worst = per.sort(["max_over_mean", "rank", "step_id", "layer"], descending=[True, False, False, False]).row(0, named=True)
