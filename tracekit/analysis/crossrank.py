@@ -1,16 +1,19 @@
 """Cross-rank sections of ``tracekit analyze`` (one entry point for ``tracekit.api``).
 
-``cross_rank_sections(df, meta, opts)`` runs clock alignment, collective matching,
-stalls, idle causes, PCIe phases, power verdicts, step statistics and kernel
-efficiency, and returns JSON-ready sections plus plain-words ``findings`` (most
-costly first). ``_comm_parts`` (a frame, not JSON) carries the per-kernel
-wait/transfer intervals for the breakdown, in the frame's original time base.
+``cross_rank_sections(df, meta, opts)`` runs clock alignment and collective matching, then every
+analysis of the registry (:mod:`tracekit.analysis.registry`: stalls and the collective summary, idle
+causes, PCIe phases, power verdicts, step statistics, kernel efficiency, MoE GEMMs, expert load,
+the interconnect verdict, ...), and returns JSON-ready sections plus plain-words ``findings``
+(most costly first, from the one ranker). ``_comm_parts`` (a frame, not JSON) carries the
+per-kernel wait/transfer intervals for the breakdown, in the frame's original time base.
 Every number is defined in ``docs/metrics.md``.
 
 It runs in three steps so that ``tracekit.api.analyze`` never holds more than one rank:
 :func:`cross_rank_plan` (the cross-rank work, on the collective and step rows of all
-ranks), :func:`cross_rank_part` (the per-rank analyses, on one rank's rows — or, here,
-once on the whole frame) and :func:`cross_rank_finish` (exact reduce of the parts).
+ranks), :func:`cross_rank_part` (each registered analysis' part, on one rank's rows — or, here,
+once on the whole frame) and :func:`cross_rank_finish` (each one's exact reduce, in registry
+order, with the finished analyses it declares it needs; then their findings). Nothing here names
+an analysis: a new one is a module that registers itself.
 """
 
 from __future__ import annotations
@@ -106,6 +109,10 @@ class CrossRankPlan:
         """Wait/transfer intervals of the collective kernels in ``df`` (input time base) for the breakdown."""
         w = self.waits if ranks is None else self.waits.filter(pl.col("rank").is_in(ranks))
         return split_communication(df, w, cpu_ranks=self.cpu_ranks)
+
+    def options_of(self, a: Analysis) -> dict[str, Any]:
+        """``a``'s resolved options (its defaults when it was registered after this plan was made)."""
+        return self.options.get(a.name, dict(a.options))
 
     def rank_instances(self, ranks: list[int] | None) -> pl.DataFrame:
         """Instance rows of ``ranks`` (all when None) as :func:`match_collectives` types them."""
@@ -213,7 +220,7 @@ def cross_rank_part(df: pl.DataFrame, plan: CrossRankPlan, *, ranks: list[int] |
 
     def run(a: Analysis, rows: pl.DataFrame, observed: dict[int, int] | None) -> None:
         assert a.part is not None
-        out[a.name] = a.part(rows, PartContext(plan, inst, host, observed, plan.options.get(a.name, dict(a.options))))
+        out[a.name] = a.part(rows, PartContext(plan, inst, host, observed, plan.options_of(a)))
 
     for a in listing:
         if a.rows == "window":
@@ -242,16 +249,15 @@ def cross_rank_finish(plan: CrossRankPlan, parts: list[CrossRankPart], tables: d
     done: dict[str, Finished] = {}
     out: dict[str, Any] = {}
     for a in listing:
-        opts = plan.options.get(a.name, dict(a.options))
         fin = a.finish([p.parts[a.name] for p in parts] if a.part is not None else [],
-                       FinishContext(plan, {n: done[n] for n in a.needs}, opts, plan.quality, tab))
+                       FinishContext(plan, {n: done[n] for n in a.needs}, plan.options_of(a), plan.quality, tab))
         done[a.name] = fin
         out.update(fin.sections)
     cands: list[Finding] = []
     for a in findings_order(listing):
         assert a.findings is not None
         cands += a.findings(FindingsContext(plan, done[a.name], {n: done[n] for n in a.findings_needs},
-                                            plan.options.get(a.name, dict(a.options))))
+                                            plan.options_of(a)))
     out["findings"] = rank_findings(cands, residual_ns=plan.align.residual_ns)
     out["_candidates"] = cands  # for the one ranker in :mod:`tracekit.analysis.pipeline` (not JSON)
     return out
@@ -261,7 +267,9 @@ def cross_rank_sections(df: pl.DataFrame, meta: Mapping[str, Any], opts: Mapping
     """JSON sections (see :func:`section_keys`) + ``_comm_parts``; pure (quality flags go to ``opts['quality']``).
 
     ``opts``: ``window`` (object with ``start_ns``/``end_ns``, None = whole trace), ``quality`` (a
-    :class:`QualityLog` to extend), ``min_wait_ns``, ``min_rel_step``, ``max_items`` (list caps).
+    :class:`QualityLog` to extend), ``min_wait_ns``, ``min_rel_step``, ``max_items`` (list caps),
+    ``options`` (``{analysis name: {option: value}}`` over the registered defaults; an unknown one is
+    a :class:`tracekit.UsageError`).
 
     Runs as :func:`cross_rank_plan` (cross-rank, on the collective and step rows) →
     :func:`cross_rank_part` (per rank; here once on the whole frame) → :func:`cross_rank_finish`;

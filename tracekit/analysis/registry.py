@@ -41,21 +41,28 @@ Rows = Literal["window", "observed"]
 
 
 @dataclass(frozen=True)
-class PartContext:
+class _Context:
+    """What every context holds: the cross-rank plan (:class:`tracekit.analysis.crossrank.CrossRankPlan`)."""
+
+    plan: CrossRankPlan
+
+    @property
+    def meta(self) -> Mapping[str, Any]:
+        """The trace's run metadata."""
+        return self.plan.meta
+
+
+@dataclass(frozen=True)
+class PartContext(_Context):
     """What a part reads besides its rows: the cross-rank plan (meta, window, spans, stall plan, step
     waits), the matched instances of its ranks (aligned clock, arrival in the window), their host
     activity (aligned; None: from the rows), the recorded time per rank of a windowed capture
     (``observed``: set for ``rows="observed"`` parts only) and the analysis' resolved options."""
 
-    plan: CrossRankPlan
     instances: pl.DataFrame
     host: pl.DataFrame | None
     observed: dict[int, int] | None
     options: Mapping[str, Any]
-
-    @property
-    def meta(self) -> Mapping[str, Any]:
-        return self.plan.meta
 
 
 @dataclass(frozen=True)
@@ -68,34 +75,24 @@ class Finished:
 
 
 @dataclass(frozen=True)
-class FinishContext:
+class FinishContext(_Context):
     """What a finish reads besides the parts: the plan, the finished analyses it ``needs`` (by name),
     its options, the quality log (flags go there) and ``tables`` (full frames behind sections, e.g.
     the step table for :class:`tracekit.analysis.result.AnalysisResult`)."""
 
-    plan: CrossRankPlan
     results: Mapping[str, Finished]
     options: Mapping[str, Any]
     quality: QualityLog
     tables: dict[str, Any]
 
-    @property
-    def meta(self) -> Mapping[str, Any]:
-        return self.plan.meta
-
 
 @dataclass(frozen=True)
-class FindingsContext:
+class FindingsContext(_Context):
     """What a findings function reads: the plan, its own :class:`Finished`, those of ``findings_needs``, its options."""
 
-    plan: CrossRankPlan
     result: Finished
     results: Mapping[str, Finished]
     options: Mapping[str, Any]
-
-    @property
-    def meta(self) -> Mapping[str, Any]:
-        return self.plan.meta
 
 
 @dataclass(frozen=True)
