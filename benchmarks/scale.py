@@ -24,6 +24,7 @@ Usage::
 
     python benchmarks/scale.py                                  # real: 1M, 4M x 8 ranks + the 566k single-GPU case
     python benchmarks/scale.py --sizes 1M --hta-max 1M --json scale.json
+    python benchmarks/scale.py --sizes '' --hta-max 0             # the 566k single-GPU case alone, no HTA
     python benchmarks/scale.py --synthetic --sizes 250k,1M --ranks 8 --rank64 256k
 
 A case whose phase exceeds ``--timeout`` is recorded as a timeout and larger
@@ -393,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(a.workdir) if a.workdir else Path(os.environ.get("TMPDIR", "/tmp")) / "tracekit-scale"
     work.mkdir(parents=True, exist_ok=True)
     if not a.synthetic:
-        a.sizes = a.sizes or "1M,4M"
+        a.sizes = "1M,4M" if a.sizes is None else a.sizes  # --sizes '': the single-GPU case only
         a.cores = a.cores or None
         return main_real(a, work)
     a.sizes = a.sizes or "1M,4M,16M"
