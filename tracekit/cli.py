@@ -126,20 +126,34 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 def main() -> None:
     """Console entry point."""
+    from tracekit import _interrupt
+
     try:
         prev = signal.signal(signal.SIGTERM, _on_sigterm)
-        # Ctrl-C always stops a command (exit 130, outputs cleaned up), also when the shell started it with
-        # SIGINT ignored (a background job of a script): the first Ctrl-C raises KeyboardInterrupt
-        prev_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     except ValueError:  # not the main thread (embedded use): keep the defaults
-        prev = prev_int = None
+        prev = None
+    # Ctrl-C always stops a command (exit 130, outputs cleaned up), also when the shell started it with
+    # SIGINT ignored (a background job of a script). The handler only sets a flag; the long loops stop
+    # at their next _interrupt.check() (a KeyboardInterrupt raised inside a polars callback would
+    # become a Rust panic). A second Ctrl-C raises at once.
+    prev_int = _interrupt.install() if prev is not None else None
     try:
         _run()
     finally:
         if prev is not None:
             signal.signal(signal.SIGTERM, prev)
-        if prev_int is not None:
-            signal.signal(signal.SIGINT, prev_int)
+        _interrupt.restore(prev_int)
+        if prev_int is not None and _is_console():
+            # the command is over (its exit code decided): a Ctrl-C while the interpreter tears down a large
+            # process (seconds) must not kill it by SIGINT with its output complete
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _is_console() -> bool:
+    """Whether this process is the ``tracekit`` console script or ``python -m tracekit.cli`` (not a caller's)."""
+    m = sys.modules.get("__main__")
+    spec = getattr(m, "__spec__", None)
+    return os.path.basename(str(getattr(m, "__file__", "") or "")) == "tracekit" or getattr(spec, "name", "") == "tracekit.cli"
 
 
 def _run() -> None:
@@ -159,8 +173,14 @@ def _run() -> None:
     except KeyboardInterrupt:
         print("tracekit: interrupted", file=sys.stderr)
         sys.exit(130)
-    except Exception as e:  # noqa: BLE001 - last resort: a bug must not print a traceback to users
-        if _env.debug():
+    except BaseException as e:  # noqa: BLE001 - last resort: a bug must not print a traceback to users
+        from tracekit import _interrupt
+
+        if _interrupt.is_interrupt(e):  # polars' PanicException from a Ctrl-C inside one of its callbacks
+            if not _common.interrupt_reported():
+                print("tracekit: interrupted", file=sys.stderr)
+            sys.exit(130)
+        if not isinstance(e, Exception) or _env.debug():
             raise
         msg = " ".join(f"{type(e).__name__}: {e}".split())[:500]
         print(f"tracekit: internal error: {msg}; please report it (TRACEKIT_DEBUG=1 shows the traceback)", file=sys.stderr)

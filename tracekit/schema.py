@@ -12,6 +12,7 @@ added later; files from a newer major schema version are refused.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -355,12 +356,15 @@ class atomic_path:
     """Context manager: yields a temp path next to ``final``; renames on success.
 
     Refuses to overwrite an existing file unless ``force``. On error the temp
-    file is removed and the destination is untouched.
+    file is removed and the destination is untouched. ``commit``: the rename
+    publishes the command's output, so a Ctrl-C stops the command before it and
+    none after it (:func:`tracekit._interrupt.committing`); False for staging files.
     """
 
-    def __init__(self, final: str | os.PathLike[str], *, force: bool = False, suffix: str = "") -> None:
+    def __init__(self, final: str | os.PathLike[str], *, force: bool = False, suffix: str = "", commit: bool = True) -> None:
         self.final = Path(final)
         self.force = force
+        self.commit = commit
         self.suffix = suffix or self.final.suffix
         self.tmp: Path | None = None
 
@@ -378,12 +382,15 @@ class atomic_path:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         assert self.tmp is not None
         if exc_type is None:
+            from tracekit import _interrupt
+
             try:
-                check_output_path(self.final, force=self.force)  # it may have changed while the output was made
-                umask = os.umask(0)
-                os.umask(umask)
-                os.chmod(self.tmp, 0o666 & ~umask)  # mkstemp creates 0600; outputs get the usual mode
-                os.replace(self.tmp, self.final)
+                with _interrupt.committing() if self.commit else contextlib.nullcontext():
+                    check_output_path(self.final, force=self.force)  # it may have changed while the output was made
+                    umask = os.umask(0)
+                    os.umask(umask)
+                    os.chmod(self.tmp, 0o666 & ~umask)  # mkstemp creates 0600; outputs get the usual mode
+                    os.replace(self.tmp, self.final)
             except BaseException as e:
                 self._drop()
                 if isinstance(e, OSError):
@@ -417,9 +424,10 @@ class TraceWriter:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, force: bool = False, row_group_size: int = 1 << 20,
-                 label: str | None = None) -> None:
-        """``label``: the file errors name (default ``path``), e.g. the output a staging file becomes."""
-        self._atomic = atomic_path(path, force=force)
+                 label: str | None = None, final: bool = True) -> None:
+        """``label``: the file errors name (default ``path``), e.g. the output a staging file becomes;
+        ``final``: False for a staging file (its close is not the command's commit, see :class:`atomic_path`)."""
+        self._atomic = atomic_path(path, force=force, commit=final)
         self._label = label or str(path)
         self._tmp = self._atomic.__enter__()
         self._writer: pq.ParquetWriter | None = None

@@ -143,7 +143,8 @@ def test_ctrl_c_keeps_completed_windows(tmp_path: Path, when: str):
         state = json.loads((hit.parent / "rank0.state.json").read_text())
         os.kill(int(state["pid"]), signal.SIGINT)
     text, _ = p.communicate(timeout=150)
-    assert p.returncode == 0, text[-3000:]
+    # Ctrl-C to tracekit: interrupted (130) with what was collected kept; to the program only: tracekit completes (0)
+    assert p.returncode == (130 if when == "second_window" else 0), text[-3000:]
     df, meta = read_trace(out)
     wins = meta["capture"]["windows"]
     assert wins[0]["window"] == 0 and wins[0]["cut_by"] is None and wins[0]["steps"] > 0  # kept whole

@@ -37,6 +37,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import polars as pl
 
+from tracekit import _interrupt
 from tracekit._errors import InputError, QualityLog, UsageError
 from tracekit.analysis.breakdown import (breakdown_finish, compute_breakdown, kernel_totals, merge_kernel_totals, top_kernels,
                                          uncategorized_top)
@@ -242,6 +243,7 @@ def run_analysis(
     split = plan.split if plan is not None else False
     bd_parts, kt_parts, cr_parts = [], [], []
     for ranks, df in source.parts(ov.all_ranks):
+        _interrupt.check("analyze")  # Ctrl-C stops between ranks (tracekit._interrupt)
         cp = plan.comm_parts(df, ranks) if plan is not None else None
         bd_parts.append(compute_breakdown(df, win, comm_parts=cp, split=split))
         kt_parts.append(kernel_totals(df, win))
@@ -255,6 +257,7 @@ def run_analysis(
     tables: dict[str, Any] = {}
     extra: dict[str, Any] = crossrank.cross_rank_finish(plan, cr_parts, tables) if plan is not None else {}
     if plan is not None:
+        _interrupt.check("analyze")
         _add_next_win(source, ov, meta, extra, plan)
     bd = breakdown_finish(bd_parts, win, split=split)
     totals = merge_kernel_totals(kt_parts) if kt_parts else None

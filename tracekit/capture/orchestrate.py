@@ -42,6 +42,8 @@ class CaptureResult:
     metadata: dict[str, Any]
     run_dir: Path | None = None
     quality: list[dict[str, Any]] = field(default_factory=list)
+    #: what stopped the capture early ("Ctrl-C", "SIGTERM"), None when it ran its course
+    stopped_by: str | None = None
 
 
 def resolve_device(device: str, ranks: int | None) -> tuple[str, int]:
@@ -130,9 +132,7 @@ def run_builtin(
     stopped_by = STOP_SIGNALS.get(signals[0]) if signals else None  # type: ignore[call-overload]
     if len(signals) > 1:
         quality.add("capture_killed", f"stopped twice ({stopped_by}); ranks were killed, windows still open were lost")
-    if stopped_by == "Ctrl-C":
-        say("tracekit: interrupted; writing what was collected")
-    elif stopped_by:
+    if stopped_by:
         say(f"tracekit: {stopped_by} received; writing what was collected")
     run_info = {"options": opts.to_json(), "quality": [q.to_json() for q in quality], "stopped_by": stopped_by}
     try:
@@ -166,7 +166,7 @@ def run_builtin(
     if signals and signals[0] == signal.SIGTERM and signal.SIGTERM in old:
         say(f"tracekit: terminated; wrote what was collected to {out}")
         signal.raise_signal(signal.SIGTERM)  # the previous handler decides (the CLI: exit 143)
-    return CaptureResult(out, meta, keep_raw, meta.get("quality", []))
+    return CaptureResult(out, meta, keep_raw, meta.get("quality", []), stopped_by)
 
 
 def _install_handlers(handler: Callable[[int, Any], None]) -> dict[int, Any]:

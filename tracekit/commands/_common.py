@@ -12,7 +12,7 @@ from tracekit._errors import TracekitError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-__all__ = ["handle_errors", "at_least", "interrupt_reported"]
+__all__ = ["handle_errors", "at_least", "interrupt_reported", "stopped_early"]
 
 _REPORTED = [False]
 
@@ -30,6 +30,20 @@ def at_least(option: str, value: int | None, lo: int) -> None:
         raise UsageError(f"{option} {value}: must be at least {lo}")
 
 
+def stopped_early(stopped_by: str | None, out: object) -> None:
+    """A capture stopped by Ctrl-C kept what it collected: one line naming where, exit 130 (SIGTERM: 143).
+
+    The command is interrupted (the exit code says so), but what was collected is written and flagged
+    ``capture_interrupted``, so scripts see both."""
+    if stopped_by == "Ctrl-C":
+        print(f"tracekit: interrupted; kept what was collected in {out} (flagged capture_interrupted)", file=sys.stderr)
+        _REPORTED[0] = True
+        raise typer.Exit(130)
+    if stopped_by == "SIGTERM":
+        print(f"tracekit: terminated; kept what was collected in {out} (flagged capture_interrupted)", file=sys.stderr)
+        raise typer.Exit(143)
+
+
 def handle_errors(fn: F) -> F:
     """Turn TracekitError into a one-line message + exit code; never a traceback."""
 
@@ -37,15 +51,22 @@ def handle_errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from tracekit.schema import guard_inputs
 
+        from tracekit import _interrupt
+
         _REPORTED[0] = False
 
         try:
-            with guard_inputs():  # no output of this command may replace a file it reads
+            # a Ctrl-C stops the command (also one that came while the options were parsed) until its output is published
+            with _interrupt.command(), guard_inputs():  # no output of this command may replace a file it reads
                 return fn(*args, **kwargs)
         except TracekitError as e:
             print(f"tracekit: error: {e}", file=sys.stderr)
             raise typer.Exit(e.exit_code) from None
-        except KeyboardInterrupt:
+        except BaseException as e:
+            # KeyboardInterrupt from _interrupt.check(), or (last resort) polars' PanicException when a second
+            # Ctrl-C landed in one of its Python callbacks
+            if not _interrupt.is_interrupt(e):
+                raise
             print("tracekit: interrupted", file=sys.stderr)
             _REPORTED[0] = True
             raise typer.Exit(130) from None

@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 
+from tracekit import _interrupt
 from tracekit.commands._common import at_least, handle_errors
 
 __all__ = ["register"]
@@ -44,6 +45,7 @@ def register(app: typer.Typer) -> None:
             check_output_path(html, force=force)
         result = analyze_result(trace, window=window, skip_steps=skip_steps, trim_transient=not no_trim, top=top,
                                 steps_from=steps_from)
+        _interrupt.check("analyze")
         res = result.to_json()
         if html is not None:
             from tracekit.schema import read_trace

@@ -10,7 +10,7 @@ from typing import List, Optional
 import typer
 
 from tracekit._errors import UsageError
-from tracekit.commands._common import handle_errors
+from tracekit.commands._common import handle_errors, stopped_early
 
 __all__ = ["register", "parse_duration"]
 
@@ -93,6 +93,7 @@ def _capture_program(program: List[str], output: Path, *, duration: Optional[str
     )
     for q in res.metadata.get("quality", []):
         print(f"tracekit: quality: {q['code']}: {q['message']}", file=sys.stderr)
+    stopped_early(res.interrupted, output)
 
 
 def register(app: typer.Typer) -> None:
@@ -213,3 +214,4 @@ def register(app: typer.Typer) -> None:
         )
         for q in res.quality:
             print(f"tracekit: quality: {q['code']}: {q['message']}", file=sys.stderr)
+        stopped_early(res.stopped_by, output)

@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from tracekit import _interrupt
 from tracekit.commands._common import handle_errors
 
 __all__ = ["register"]
@@ -38,7 +39,9 @@ def register(app: typer.Typer) -> None:
         note_input(trace)
         check_output_path(perfetto, force=force)  # not the input, a device, a FIFO or a directory
         df, meta = read_trace(trace)
+        _interrupt.check("export")
         analysis = None if no_analysis else _analysis(df, meta)
+        _interrupt.check("export")
         st = export_perfetto(df, meta, perfetto, analysis=analysis, force=force, include_cpu=cpu)
         print(f"wrote {perfetto} ({st['bytes'] / 1e6:.1f} MB): {st['events']:,} events, {st['slices']:,} slices, "
               f"{st['flows']:,} flows, {st['counters']:,} counter samples, {st['instants']} stall instants"

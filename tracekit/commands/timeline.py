@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 import typer
 
+from tracekit import _interrupt
 from tracekit.commands._common import at_least, handle_errors
 
 __all__ = ["register"]
@@ -55,7 +56,9 @@ def register(app: typer.Typer) -> None:
         note_input(trace)
         check_output_path(out, force=force)  # not the input, a device, a FIFO or a directory
         df, meta = read_trace(trace)
+        _interrupt.check("timeline")
         analysis = None if no_analysis else _analysis(df, meta)
+        _interrupt.check("timeline")
         res = render_timeline(df, meta, analysis, out, window=window, step=step, force=force,
                               max_segments=max_segments, title=trace.name, all_counters=all_counters)
         folded = f", {res['ops_folded']:,} folded" if res["ops_folded"] else ""

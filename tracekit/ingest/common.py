@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from tracekit import _interrupt
 from tracekit._frames import NAME_CODE, aligned, attach, attach_rows, distinct_names, row_index  # noqa: F401
 from tracekit.analysis.intervals import covered_by
 from tracekit.categories import RuleSet, default_rules
@@ -432,15 +433,22 @@ def finalize_rank(raw: pl.DataFrame | list[pl.DataFrame], rules: RuleSet | None 
     rules = rules or default_rules()
     df = conform(raw.pop() if isinstance(raw, list) else raw)
     del raw
+    # a Ctrl-C stops between the steps (each is a few polars passes over the rank)
     df = parse_steps(df, rules.steps_from)
+    _interrupt.check("finalize")
     df = _launch_join(df)
+    _interrupt.check("finalize")
     df = rules.categorize(df)
+    _interrupt.check("finalize")
     df = _cpu_mode(df)
     df = _context_rules(df, rules)
+    _interrupt.check("finalize")
     df = apply_moe_structure(df)
     df = _collectives(df)
+    _interrupt.check("finalize")
     df = _assign_steps(df)
     df = conform(df)
+    _interrupt.check("finalize")
     return df.sort("ts_ns", maintain_order=True) if sort else df
 
 

@@ -21,7 +21,7 @@ import shutil
 import tempfile
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -30,6 +30,7 @@ import polars as pl
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
+from tracekit import _interrupt
 from tracekit._errors import InputError, OutputError, QualityLog, TracekitError, os_reason
 from tracekit._memory import release_memory, tune_runtime
 from tracekit.categories import RuleSet, load_rules
@@ -166,8 +167,11 @@ class _Stager:
     def __init__(self, path: str, part_dir: str, out_label: str, rules: RuleSet, extra: pl.DataFrame | None, merge_extra: bool) -> None:
         self.path, self.part_dir, self.out_label, self.rules = path, part_dir, out_label, rules
         self.extra, self.merge_extra = extra, merge_extra
-        self.w = TraceWriter(path, force=True, label=out_label)
+        self.w = TraceWriter(path, force=True, label=out_label, final=False)
         self._thread: threading.Thread | None = None
+        #: set when the writer thread ends; waited on instead of join()/is_alive(): an exception (Ctrl-C) raised
+        #: inside Thread.join can leave a running thread marked stopped on CPython 3.11 (bpo-45274)
+        self._done = threading.Event()
         self._error: BaseException | None = None
         self._cancel = False
         self._summarized = threading.Event()  # the rank being written has its metadata (rows still being written)
@@ -182,6 +186,7 @@ class _Stager:
             ex = self.extra.filter(pl.col("rank") == r)
         big = hand[0].estimated_size() > OVERLAP_MAX_BYTES
         self._summarized.clear()
+        self._done.clear()
         self._thread = threading.Thread(target=self._run, args=([hand.pop()], meta, r, ex), name="tk-write", daemon=True)
         self._thread.start()
         if big:
@@ -203,23 +208,25 @@ class _Stager:
             self._error = e
         finally:
             self._summarized.set()
+            self._done.set()
 
     def _stopped(self) -> None:
         if self._cancel:
             raise _Cancelled
+        _interrupt.check("write")  # Ctrl-C: the writer thread stops too (its KeyboardInterrupt reaches wait())
 
     def wait_summary(self) -> None:
         """Wait until the rank being written has its metadata in :attr:`metas` (or failed)."""
         while self._thread is not None and not self._summarized.wait(0.05):
-            pass
+            _interrupt.check("wait")
         if self._error is not None:
             self.wait()
 
     def wait(self) -> None:
         """Wait for the rank being written; re-raise its error here."""
         if self._thread is not None:
-            while self._thread.is_alive():
-                self._thread.join(0.05)  # a bounded wait: a signal (Ctrl-C, SIGTERM) is handled between waits
+            while not self._done.wait(0.05):  # a bounded wait: a signal (Ctrl-C, SIGTERM) is handled between waits
+                _interrupt.check("wait")
             self._thread = None
         if self._error is not None:
             e, self._error = self._error, None
@@ -229,9 +236,7 @@ class _Stager:
         """Error path: stop the writer (its own error is not the one to report) and drop the staged file."""
         self._cancel = True
         t = self._thread
-        if t is not None:
-            t.join(grace_s)
-        if t is None or not t.is_alive():
+        if t is None or self._done.wait(grace_s):
             self.w.abort()
         else:  # still inside a write: leave its writer alone, only unlink the file
             self.w.discard_file()
@@ -403,7 +408,7 @@ def convert(
                                      initializer=init_worker, initargs=(worker_threads(jobs),))
             try:
                 futs = {ex.submit(convert_source, s, rules_path, part_dir, str(out), steps_from): s for s in sources}
-                for f in as_completed(futs):
+                for f in _as_completed(futs):
                     try:
                         metas.extend(f.result())
                     except TracekitError:
@@ -422,7 +427,9 @@ def convert(
             windows = any(s.window is not None for s in sources)
             stager = _Stager(os.path.join(part_dir, "stage.parquet"), part_dir, str(out), rules_set, extra, merge_extra=not windows)
             for s in sorted(sources, key=lambda s: (s.rank_hint is None, s.rank_hint or 0, s.window or 0)):
+                _interrupt.check("rank")
                 for hand, meta_r in _raw_ranks(s):
+                    _interrupt.check("rank")
                     stager.submit(hand, meta_r, single_source=n == 1)
                 prog.step(s.path.name)
             stager.wait_summary()  # the last rank's rows are still being written while clocks are aligned
@@ -481,6 +488,7 @@ def convert(
             hi = [m["written_hi"] for m in metas if m["written_hi"] is not None]
             rows = finish(stager.w, sum(m["written_rows"] for m in metas), min(lo, default=None), max(hi, default=None))
             stager = None
+            _interrupt.check("publish")  # the last point a Ctrl-C stops the command: the rename commits it
             _publish(os.path.join(part_dir, "stage.parquet"), out, force)
         else:
             if stager is not None:  # second pass over the staged rows: close the staged file to read it back
@@ -490,6 +498,7 @@ def convert(
             first, last = None, None
             with TraceWriter(out, force=force) as w:
                 for r in ranks:
+                    _interrupt.check("rank")
                     parts = sorted((m for m in metas if m["rank"] == r), key=lambda m: (m.get("window") or 0, m.get("first_ts_ns") or 0))
                     merged = any(m.get("extra_merged") for m in parts)
                     ex = extra.filter(pl.col("rank") == r) if extra is not None and not merged else None
@@ -502,12 +511,24 @@ def convert(
                         for f in (m["part"] if "row_groups" not in m else None, m.get("comm_part")):
                             if f:
                                 os.unlink(f)
+                _interrupt.check("publish")  # the last point a Ctrl-C stops the command: close() renames the output
                 rows = finish(w, rows, first, last)
     finally:
         if stager is not None:
             stager.discard()
         shutil.rmtree(part_dir, ignore_errors=True)
     return ConvertResult(out, ranks, rows, time.perf_counter() - t0, in_bytes, meta, meta["quality"])
+
+
+def _as_completed(futs: dict[Any, Any]) -> Iterator[Any]:
+    """``as_completed`` in bounded waits with an interrupt check between them (a blocked wait hears no Ctrl-C)."""
+    from concurrent.futures import FIRST_COMPLETED, wait
+
+    left = set(futs)
+    while left:
+        _interrupt.check("rank")
+        done, left = wait(left, timeout=0.1, return_when=FIRST_COMPLETED)
+        yield from done
 
 
 def _stop_pool(ex: ProcessPoolExecutor) -> None:
@@ -565,9 +586,10 @@ def _staged_as_is(metas: list[dict[str, Any]], offsets: dict[int, int], merged_e
 
 def _publish(staged: str, out: Path, force: bool) -> None:
     """Move the finished staged file to ``out`` (same directory tree: an atomic rename)."""
-    check_output_path(out, force=force)
     try:
-        os.replace(staged, out)
+        with _interrupt.committing():  # a Ctrl-C before the rename stops the command; after it, it succeeded
+            check_output_path(out, force=force)
+            os.replace(staged, out)
     except OSError as e:
         raise OutputError(f"{out}: cannot write {os_reason(e, writing=True)}") from None
 

@@ -36,7 +36,7 @@ import pyarrow.json as pajson
 import polars as pl
 
 from tracekit.ingest.readers import Reader
-from tracekit import _env
+from tracekit import _env, _interrupt
 from tracekit._errors import InputError, QualityLog
 from tracekit._frames import attach_rows
 from tracekit.ingest.kineto_stream import EventStream, StreamFallback
@@ -489,12 +489,8 @@ def parse_threads() -> int:
 
 
 def _result(f: Future) -> Any:
-    """``f.result()`` in bounded waits, so the main thread handles Ctrl-C between them at once."""
-    while True:
-        try:
-            return f.result(timeout=0.1)
-        except TimeoutError:
-            continue
+    """``f.result()`` in bounded waits with an interrupt check between them (Ctrl-C stops at once)."""
+    return _interrupt.wait_future(f, "read")
 
 
 def _read_streaming(p: Path, rank: int | None, exact: bool | None) -> tuple[pl.DataFrame, dict[str, Any]]:
@@ -520,13 +516,13 @@ def _read_streaming(p: Path, rank: int | None, exact: bool | None) -> tuple[pl.D
 
     nthreads = parse_threads()
     if nthreads == 1:
-        for chunk in es.chunks():
+        for chunk in _interrupt.checked(es.chunks(), "read"):
             take(_stage_chunk(chunk, p, exact))
     else:
         pending: deque[Future] = deque()
         ex = ThreadPoolExecutor(nthreads, thread_name_prefix="tk-parse")
         try:
-            for chunk in es.chunks():
+            for chunk in _interrupt.checked(es.chunks(), "read"):
                 pending.append(ex.submit(_stage_chunk, chunk, p, exact))
                 del chunk
                 while len(pending) > nthreads:
@@ -615,7 +611,7 @@ def _read_events(p: Path, data: bytes, top: _Top, rank: int | None, exact: bool 
         exact = bool(meta.get("record_shapes"))
     unknown: dict[str, int] = {}
     frames: list[pl.DataFrame] = []
-    for chunk in _chunks(raw_events):
+    for chunk in _interrupt.checked(_chunks(raw_events), "read"):
         st = None if exact else _fast_stage(bytearray(chunk), unknown)
         if st is None:
             st = _exact_stage(chunk, p, unknown)
@@ -711,6 +707,7 @@ def _assemble(frames: list[pl.DataFrame], meta: dict[str, Any], unknown: dict[st
                     + "; only X (complete) and i (instant) events become rows", phases=phases)
     meta["quality"] = [*meta.pop("field_notes", []), *(q.to_json() for q in quality)]
     stage = _glue(frames) if frames else _empty_stage()
+    _interrupt.check("read")
     df = _finish(stage, meta)
     del stage
     if rank is not None:

@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
+from tracekit import _interrupt
 from tracekit.ingest.common import ts_order
 from tracekit.schema import ARROW_SCHEMA, TraceWriter, conform, to_arrow
 
@@ -58,6 +59,7 @@ def _emit(w: TraceWriter, r: int, batches: Iterator[pa.Table], offset: int, extr
     for tbl in _merge_extra(batches, extra):
         if stop is not None:
             stop()
+        _interrupt.check("write")
         tbl = _finish_batch(tbl, r, offset)
         if not tbl.num_rows:
             continue

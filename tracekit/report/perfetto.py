@@ -34,7 +34,7 @@ from typing import IO, Any, Mapping
 import numpy as np
 import polars as pl
 
-from tracekit import __version__
+from tracekit import __version__, _interrupt
 from tracekit._errors import OutputError
 from tracekit.report.timeline_data import CPU_LANE, analysis_events, capture_bounds, counter_group, gpu_ops
 from tracekit.report.timeline_detail import collective_instances
@@ -124,6 +124,7 @@ def _x_events(f: pl.DataFrame, base: int, args: list[str]) -> pl.Series:
 
 
 def _write(fh: IO[bytes], lines: pl.Series | list[str], state: dict[str, Any]) -> None:
+    _interrupt.check("export")  # Ctrl-C stops between chunks; the atomic writer removes the temp file
     if isinstance(lines, pl.Series):
         if lines.len() == 0:
             return
