@@ -32,6 +32,11 @@ import inspect  # noqa: E402
 import typer  # noqa: E402
 from typer.core import TyperCommand, TyperGroup  # noqa: E402
 
+try:  # typer >= 0.2x vendors click
+    from typer._click import exceptions as _cx  # noqa: E402
+except ImportError:  # pragma: no cover - older typer: click itself
+    from click import exceptions as _cx  # type: ignore[no-redef]  # noqa: E402
+
 from tracekit._errors import TracekitError  # noqa: E402
 from tracekit.commands import _common  # noqa: E402
 from tracekit import _env  # noqa: E402
@@ -62,6 +67,52 @@ class _Group(TyperGroup):
         opt = super().get_help_option(ctx)
         _flags_read_as_flags([opt] if opt is not None else [])
         return opt
+
+    def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None, standalone_mode: bool = True,
+             **extra: Any) -> Any:
+        """click's own parse errors (a value it cannot parse, an unknown option, a missing argument, an
+        unknown command) as one line naming the option and the remedy, exit 2, instead of its usage box."""
+        prog_name = prog_name or "tracekit"
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except _cx.UsageError as e:
+            if type(e).__name__ == "NoArgsIsHelpError":  # `tracekit` or a group alone: its help, as before
+                e.show()
+                sys.exit(e.exit_code)
+            print(usage_line(e, sys.argv[1:] if args is None else list(args), set(self.commands)), file=sys.stderr)
+            sys.exit(2)
+        except _cx.ClickException as e:
+            e.show()
+            sys.exit(e.exit_code)
+        except _ABORT:
+            print("tracekit: interrupted", file=sys.stderr)
+            sys.exit(130)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+_ABORT = tuple({typer.Abort, getattr(_cx, "Abort", typer.Abort)})
+
+
+def usage_line(e: Any, argv: list[str], commands: set[str]) -> str:
+    """``tracekit: error: <command>: <click's message>; see `tracekit <command> --help``` on one line."""
+    ctx = getattr(e, "ctx", None)
+    names = []
+    while ctx is not None and ctx.parent is not None:  # the command's words below the root (not the program's name)
+        names.append(str(ctx.info_name))
+        ctx = ctx.parent
+    path = " ".join(["tracekit", *reversed(names)])
+    if not names:  # raised by the parser without the command's context: the command is the first word given
+        cmd = next((a for a in argv if not a.startswith("-")), None)
+        if cmd in commands:
+            path = f"tracekit {cmd}"
+    cmd = path.split(" ", 1)[1] if " " in path else ""
+    msg = " ".join(str(e.format_message()).split()).rstrip(".")
+    if msg:
+        msg = msg[0].lower() + msg[1:] if not msg[:2].isupper() else msg
+    where = f"{cmd}: " if cmd else ""
+    return f"tracekit: error: {where}{msg}; see `{path} --help`"
 
 
 app = typer.Typer(

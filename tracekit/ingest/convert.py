@@ -37,6 +37,7 @@ from tracekit.categories import RuleSet, load_rules
 from tracekit.ingest.common import finalize_rank, ts_order
 from tracekit.ingest.discover import Source, discover
 from tracekit.ingest.validate import MIXED_CAPTURE_NS as _MIXED_NS
+from tracekit.ingest.staging import make_part_dir, remove_stale_parts
 from tracekit.ingest.rankwrite import COLL_KEY, COMM, PART_ROWS, emit_frame, write_rank
 from tracekit.schema import ARROW_SCHEMA, DICT_COLUMNS, MAX_RANK, TraceWriter, check_output_path, conform, note_input, to_arrow
 from tracekit.steplabels import compile_steps_from
@@ -384,9 +385,9 @@ def convert(
     check_output_path(out, force=force)
     quality = QualityLog()
     out_dir = str(out.parent if str(out.parent) else ".")
-    _remove_stale_parts(out_dir)
+    remove_stale_parts(out_dir)  # left by killed conversions (tracekit.ingest.staging)
     try:
-        part_dir = tempfile.mkdtemp(prefix=f"{PARTS_PREFIX}{os.getpid()}-", dir=out_dir)
+        part_dir = make_part_dir(out_dir)
     except OSError as e:
         raise OutputError(f"{out}: cannot create a temporary directory in {out_dir} {os_reason(e, writing=True)}") from None
     metas: list[dict[str, Any]] = []
@@ -542,37 +543,6 @@ def _stop_pool(ex: ProcessPoolExecutor) -> None:
             pass
     for p in procs:
         p.join(5)
-
-
-#: temporary part directories next to the output: ``.tracekit-parts-<pid>-<random>``
-PARTS_PREFIX = ".tracekit-parts-"
-
-
-def _remove_stale_parts(out_dir: str) -> None:
-    """Remove part directories a killed conversion left (SIGKILL, OOM kill): their process is gone.
-
-    Only directories named with a pid that no longer runs are removed, so a
-    conversion running in parallel into the same directory keeps its parts.
-    """
-    try:
-        names = [n for n in os.listdir(out_dir) if n.startswith(PARTS_PREFIX)]
-    except OSError:
-        return
-    for n in names:
-        pid_s = n[len(PARTS_PREFIX):].split("-", 1)[0]
-        if not pid_s.isdigit():
-            continue
-        pid = int(pid_s)
-        if pid == os.getpid():
-            continue
-        try:
-            os.kill(pid, 0)
-            continue  # still running
-        except ProcessLookupError:
-            pass
-        except (PermissionError, OSError):
-            continue  # another user's live process
-        shutil.rmtree(os.path.join(out_dir, n), ignore_errors=True)
 
 
 def _staged_as_is(metas: list[dict[str, Any]], offsets: dict[int, int], merged_extra: bool) -> bool:
