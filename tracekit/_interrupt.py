@@ -31,7 +31,7 @@ import sys
 import threading
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
-__all__ = ["check", "checked", "command", "committing", "install", "is_interrupt", "pending", "reset", "restore", "wait_future",
+__all__ = ["blocked", "check", "checked", "command", "committing", "install", "is_interrupt", "pending", "reset", "restore", "wait_future",
            "TEST_SIGINT_AT"]
 
 T = TypeVar("T")
@@ -161,6 +161,22 @@ def command() -> Iterator[None]:
         _State.committed = False
         if sys.getprofile() is _on_return:
             sys.setprofile(None)
+
+
+@contextlib.contextmanager
+def blocked() -> Iterator[None]:
+    """SIGINT blocked in this thread meanwhile (held, not lost: delivered on leaving). Child processes
+    started inside inherit the blocked mask, so a Ctrl-C to the process group never reaches a worker
+    while its interpreter starts (before it could ignore SIGINT itself, it would print a traceback)."""
+    try:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    except (AttributeError, OSError, ValueError):  # pragma: no cover - no pthread_sigmask
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 @contextlib.contextmanager

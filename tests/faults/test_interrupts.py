@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -170,12 +169,14 @@ def test_sigint_at_convert_points_without_previous_output(big, tmp_path: Path, a
 
 @pytest.fixture(scope="module")
 def two(big, tmp_path_factory) -> Path:
-    """Two copies of the synthetic rank as rank0/rank1 (for -j 2)."""
+    """The synthetic rank as ranks 0 and 1 of a world of 2 (for -j 2): a complete conversion succeeds."""
     src, _trace, _secs = big
     d = tmp_path_factory.mktemp("two")
-    f = next(src.iterdir())
+    text = next(src.iterdir()).read_bytes()
+    key = b'"rank": 0, "world_size": 1'
+    assert key in text[:4096]
     for r in (0, 1):
-        shutil.copy(f, d / f"rank{r}.json")
+        (d / f"rank{r}.json").write_bytes(text.replace(key, f'"rank": {r}, "world_size": 2'.encode(), 1))
     return d
 
 

@@ -408,7 +408,8 @@ def convert(
             ex = ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"),
                                      initializer=init_worker, initargs=(worker_threads(jobs),))
             try:
-                futs = {ex.submit(convert_source, s, rules_path, part_dir, str(out), steps_from): s for s in sources}
+                with _interrupt.blocked():  # the workers start with SIGINT blocked (the parent handles Ctrl-C)
+                    futs = {ex.submit(convert_source, s, rules_path, part_dir, str(out), steps_from): s for s in sources}
                 for f in _as_completed(futs):
                     try:
                         metas.extend(f.result())
