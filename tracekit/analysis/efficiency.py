@@ -28,7 +28,7 @@ import polars as pl
 from tracekit.analysis import intervals as iv
 from tracekit.analysis._num import fdiv, seq_sum
 from tracekit.analysis.findings import Finding, efficiency_candidates
-from tracekit.analysis.registry import Analysis, FindingsContext, FinishContext, Finished, records, register
+from tracekit.analysis.registry import Analysis, FindingsContext, FinishContext, Finished, keyword_defaults, records, register
 from tracekit.analysis.window import cpu_device_expr, cpu_mode_ranks
 from tracekit.dtypes import dtype_bytes
 from tracekit.analysis.gpus import GpuPeaks, gpu_peaks, peak_flops_per_s, rank_gpu_info
@@ -355,7 +355,7 @@ KERNEL_EFFICIENCY = register(Analysis(
     "kernel_efficiency", ("kernel_efficiency",),
     ("rank", "kind", "ts_ns", "dur_ns", "tid", "name", "category", "launch_ts_ns", "launch_tid", "input_dims", "input_types"),
     lambda df, ctx: kernel_efficiency(df, ctx.meta, flag_below=ctx.options["flag_below"]), _eff_finish, _eff_findings,
-    options={"flag_below": 0.3, "max_rows": 50}, findings_needs=("moe_gemm",), order=60))
+    options={**keyword_defaults(kernel_efficiency, exclude=("gpu_name",)), "max_rows": 50}, findings_needs=("moe_gemm",), order=60))
 MOE_GEMM = register(Analysis(
     "moe_gemm", ("moe_gemm",), ("rank", "kind", "dur_ns", "name", "category", "step_id", "tokens"),
     lambda df, ctx: moe_gemm_part(df, ctx.meta), _moe_finish,

@@ -45,7 +45,8 @@ import polars as pl
 from tracekit.analysis import intervals as iv
 from tracekit.analysis.blocking import SYNC_REGEX as _SYNC_REGEX
 from tracekit.analysis.findings import Finding, idle_candidates
-from tracekit.analysis.registry import Analysis, FindingsContext, FinishContext, Finished, PartContext, concat, records, register
+from tracekit.analysis.registry import (Analysis, FindingsContext, FinishContext, Finished, PartContext, concat, keyword_defaults,
+                                        records, register)
 from tracekit.analysis.window import cpu_mode_ranks, device_op_expr
 from tracekit.schema import GPU_OP_KINDS
 
@@ -326,7 +327,7 @@ def _part(df: pl.DataFrame, ctx: PartContext) -> tuple[pl.DataFrame, pl.DataFram
     """Idle totals and largest gaps of the window's rows; a windowed capture's gaps are cut to its profiler windows."""
     plan, o = ctx.plan, ctx.options
     window = (plan.lo, plan.hi) if plan.lo is not None and plan.hi is not None else None
-    idle = idle_causes(df, ctx.instances, window=window, host=ctx.host, tol_ns=o["tol_ns"], top_n=o["top_n"])
+    idle = idle_causes(df, ctx.instances, window=window, host=ctx.host, **o)
     if plan.spans:  # windowed capture: time between profiler windows was not recorded
         idle = restrict_to_spans(idle, plan.spans, top_n=o["top_n"])
     return idle.totals, idle.largest
@@ -348,4 +349,5 @@ def _findings(ctx: FindingsContext) -> list[Finding]:
 ANALYSIS = register(Analysis(
     "idle", ("idle_causes_ns", "idle_gaps"),
     ("rank", "kind", "ts_ns", "dur_ns", "tid", "name", "category", "family", "launch_ts_ns", "launch_dur_ns", "launch_tid", "step_id"),
-    _part, _finish, _findings, options={"tol_ns": 20_000, "top_n": 10}, findings_needs=("extents",), rows="window", order=20))
+    _part, _finish, _findings, options=keyword_defaults(idle_causes, exclude=("window", "host")), findings_needs=("extents",),
+    rows="window", order=20))

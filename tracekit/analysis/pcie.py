@@ -29,7 +29,7 @@ from tracekit.analysis._num import fdiv, seq_mean
 from tracekit.analysis.findings import pcie_candidates
 from tracekit.analysis.gaps import gpu_ops
 from tracekit.analysis.gpus import rank_gpu_info
-from tracekit.analysis.registry import Analysis, FinishContext, Finished, PartContext, records, register
+from tracekit.analysis.registry import Analysis, FinishContext, Finished, PartContext, keyword_defaults, records, register
 
 __all__ = ["pcie_phases", "pcie_part", "pcie_finish", "PciePart", "PHASE_COLUMNS"]
 
@@ -212,4 +212,4 @@ def _finish(parts: list[PciePart], ctx: FinishContext) -> Finished:
 ANALYSIS = register(Analysis(
     "pcie", ("pcie_phases",), ("rank", "kind", "ts_ns", "dur_ns", "name", "category", "bytes", "memcpy_kind", "value"),
     _part, _finish, lambda ctx: pcie_candidates(ctx.result.value),
-    options={"threshold": 0.8, "min_samples": 2, "merge_gap_ns": 10_000, "min_phase_ns": 100_000}, order=30))
+    options=keyword_defaults(pcie_part, exclude=("instances",)), order=30))

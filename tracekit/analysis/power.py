@@ -28,7 +28,7 @@ from tracekit.analysis.collectives import collective_ops
 from tracekit.analysis.findings import power_candidates
 from tracekit.analysis.gaps import gpu_ops
 from tracekit.analysis.gpus import rank_gpu_info
-from tracekit.analysis.registry import Analysis, FinishContext, Finished, PartContext, register
+from tracekit.analysis.registry import Analysis, FinishContext, Finished, PartContext, keyword_defaults, register
 
 __all__ = ["PowerResult", "power_verdicts", "power_part", "power_finish"]
 
@@ -205,4 +205,4 @@ def _finish(parts: list[PowerResult], ctx: FinishContext) -> Finished:
 ANALYSIS = register(Analysis(
     "power", ("power",), ("rank", "kind", "ts_ns", "dur_ns", "name", "category", "family", "value"),
     _part, _finish, lambda ctx: power_candidates(ctx.result.value.verdicts),
-    options={"low_power_frac": 0.35, "high_power_frac": 0.9, "busy_frac": 0.5, "spin_min_ns": 1_000_000}, order=40))
+    options=keyword_defaults(power_part, exclude=("observed_ns",)), order=40))

@@ -20,6 +20,7 @@ sections in the JSON and of the finishes (a need must come earlier).
 from __future__ import annotations
 
 import importlib
+import inspect
 import pkgutil
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping
@@ -34,7 +35,8 @@ if TYPE_CHECKING:
     from tracekit.analysis.crossrank import CrossRankPlan
 
 __all__ = ["Analysis", "ColumnUse", "PartContext", "FinishContext", "FindingsContext", "Finished", "register", "unregister",
-           "declare_columns", "analyses", "get", "declared_columns", "findings_order", "resolve_options", "records", "concat"]
+           "declare_columns", "analyses", "get", "declared_columns", "findings_order", "resolve_options", "keyword_defaults", "records",
+           "concat"]
 
 #: which rows a part gets: the window's rows, or those inside the profiler windows (``observed``)
 Rows = Literal["window", "observed"]
@@ -226,6 +228,13 @@ def resolve_options(a: Analysis, given: Mapping[str, Mapping[str, Any]] | None) 
         known = ", ".join(sorted(a.options)) or "none"
         raise UsageError(f"analysis {a.name!r} has no option {unknown[0]!r} (options: {known})")
     return {**a.options, **mine}
+
+
+def keyword_defaults(fn: Callable[..., Any], *, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``fn``'s keyword-only parameters and their defaults (less ``exclude``): an analysis' options stated once, where
+    its function states them."""
+    return {n: p.default for n, p in inspect.signature(fn).parameters.items()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is not inspect.Parameter.empty and n not in exclude}
 
 
 def records(df: pl.DataFrame, n: int | None = None) -> list[dict[str, Any]]:
