@@ -168,6 +168,8 @@ def test_registration_errors_name_the_analysis() -> None:
         reg.register(reg.Analysis("bad", ("bad",), ("rank", "nope"), None, lambda p, c: reg.Finished({})))
     with pytest.raises(UsageError, match="section 'power' is already filled by 'power'"):
         reg.register(reg.Analysis("bad", ("power",), (), None, lambda p, c: reg.Finished({})))
+    with pytest.raises(UsageError, match="section 'ranks' is already filled by 'the pipeline'"):
+        reg.register(reg.Analysis("bad", ("ranks",), (), None, lambda p, c: reg.Finished({})))
     reg.register(reg.Analysis("bad", ("bad",), (), None, lambda p, c: reg.Finished({}), needs=("later",)))
     reg.register(reg.Analysis("later", ("later",), (), None, lambda p, c: reg.Finished({}), order=1000))
     try:

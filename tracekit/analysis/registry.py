@@ -34,7 +34,7 @@ from tracekit.schema import COLUMN_NAMES
 if TYPE_CHECKING:
     from tracekit.analysis.crossrank import CrossRankPlan
 
-__all__ = ["Analysis", "ColumnUse", "PartContext", "FinishContext", "FindingsContext", "Finished", "register", "unregister",
+__all__ = ["Analysis", "ColumnUse", "RESERVED_SECTIONS", "PartContext", "FinishContext", "FindingsContext", "Finished", "register", "unregister",
            "declare_columns", "analyses", "get", "declared_columns", "findings_order", "resolve_options", "keyword_defaults", "records",
            "concat"]
 
@@ -99,13 +99,14 @@ class FindingsContext(_Context):
 
 @dataclass(frozen=True)
 class Analysis:
-    """One per-rank analysis (module doc). ``columns``: every trace column its part reads (the
-    pipeline projects the scan to the union); ``rows``: ``"observed"`` (default) for the rows inside
-    the profiler windows, ``"window"`` for the window's rows (an analysis that clips to the spans
-    itself); ``part`` None: an analysis of other analyses' results only (its finish gets no parts); ``order``: position of its sections in the JSON and of its finish; ``findings_first``:
-    its candidates are listed before the others' (verdicts that replace a generic sentence of
-    another analysis, e.g. the interconnect verdict over the wait share), which decides the order of
-    equally weighted findings only."""
+    """One per-rank analysis (module doc). ``sections``: the JSON keys it fills (not one of
+    :data:`RESERVED_SECTIONS`); ``columns``: every trace column its part reads (the pipeline projects
+    the scan to the union); ``part`` None: an analysis of other analyses' results only (its finish gets
+    no parts); ``rows``: ``"observed"`` (default) for the rows inside the profiler windows,
+    ``"window"`` for the window's rows (an analysis that cuts to the spans itself); ``order``:
+    position of its sections in the JSON and of its finish; ``findings_first``: its candidates are
+    listed before the others' (verdicts that replace a generic sentence of another analysis, e.g.
+    the interconnect verdict over the wait share), which decides the order of equal weights only."""
 
     name: str
     sections: tuple[str, ...]
@@ -129,6 +130,9 @@ class ColumnUse:
     columns: tuple[str, ...]
 
 
+#: keys of the analyze JSON that the pipeline itself writes (an analysis' section may not replace one)
+RESERVED_SECTIONS = frozenset({"schema_version", "trace_schema_version", "world_size", "device_mode", "window", "buckets", "ranks",
+                               "overall", "top_kernels", "uncategorized_top", "findings", "quality", "next_win", "trace"})
 _ANALYSES: dict[str, Analysis] = {}
 _USES: dict[str, ColumnUse] = {}
 #: modules of tracekit.analysis that drive the analyses or are not per-rank analyses (never imported by :func:`analyses`)
@@ -148,7 +152,7 @@ def register(a: Analysis) -> Analysis:
     if a.name in _ANALYSES:
         raise UsageError(f"analysis {a.name!r} is already registered; unregister it first")
     _check_columns(a.name, a.columns)
-    taken = {s: o.name for o in _ANALYSES.values() for s in o.sections}
+    taken = {s: o.name for o in _ANALYSES.values() for s in o.sections} | {s: "the pipeline" for s in RESERVED_SECTIONS}
     clash = [s for s in a.sections if s in taken]
     if clash:
         raise UsageError(f"analysis {a.name!r}: section {clash[0]!r} is already filled by {taken[clash[0]]!r}")
