@@ -107,6 +107,24 @@ def test_every_column_a_part_reads_is_declared(real_traces: dict[str, Path]) -> 
     assert set(checked) == {a.name for a in reg.analyses() if a.part is not None}
 
 
+def test_the_stages_outside_the_registry_read_only_what_they_declare(real_traces: dict[str, Path]) -> None:
+    """Breakdown (with the communication split) and kernel totals, on rows cut to their declared columns, give the same tables."""
+    from tracekit.analysis.breakdown import compute_breakdown, kernel_totals
+    from tracekit.analysis.window import select_window
+
+    uses = {u.name: set(u.columns) for u in reg.column_uses()}
+    for name, path in real_traces.items():
+        df, meta = read_trace(path)
+        win = select_window(df.lazy())
+        plan = cross_rank_plan(df, meta, {"window": win}, ranks=sorted(df["rank"].unique().to_list()), cpu_ranks=cpu_mode_ranks(df))
+        only = df.select([c for c in df.columns if c in uses["breakdown"]])
+        want = compute_breakdown(df, win, comm_parts=plan.comm_parts(df), split=plan.split).table
+        got = compute_breakdown(only, win, comm_parts=plan.comm_parts(only), split=plan.split).table
+        assert _same(got, want), f"breakdown on {name}"
+        only = df.select([c for c in df.columns if c in uses["kernel_totals"]])
+        assert _same(kernel_totals(only, win), kernel_totals(df, win)), f"kernel totals on {name}"
+
+
 def _streams_part(df: pl.DataFrame, ctx: reg.PartContext) -> pl.DataFrame:
     k = df.filter(pl.col("kind") == "kernel")
     return k.group_by(pl.col("rank").cast(pl.Int64)).agg(pl.col("registers_per_thread").max().alias("regs"), pl.len().alias("kernels"))
