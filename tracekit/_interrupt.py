@@ -31,7 +31,7 @@ import sys
 import threading
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
-__all__ = ["blocked", "check", "checked", "command", "committing", "install", "is_interrupt", "pending", "reset", "restore", "wait_future",
+__all__ = ["blocked", "check", "checked", "command", "committing", "deferred", "install", "is_interrupt", "pending", "reset", "restore", "wait_future",
            "TEST_SIGINT_AT"]
 
 T = TypeVar("T")
@@ -46,6 +46,7 @@ class _State:
     running = False  # a command body runs (handle_errors); outside it a Ctrl-C only sets the flag
     committed = False  # the command's output was published: it is done, a late Ctrl-C changes nothing
     interrupted = False  # a KeyboardInterrupt was raised for this command: worker threads stop too
+    deferred = 0  # depth of deferred() blocks: a resource is being created and recorded, raise after
     hook: tuple[str, int] | None = None
     hook_seen = 0
     lock = threading.Lock()
@@ -84,8 +85,8 @@ def _stoppable() -> bool:
 
 def _on_sigint(signum: int, frame: Any) -> None:
     _State.count += 1
-    if not (_State.running and not _State.committed):
-        _State.pending = True  # between commands, or the output is published: nothing to stop
+    if not (_State.running and not _State.committed) or _State.deferred:
+        _State.pending = True  # between commands, the output published, or a resource being recorded: not now
         return
     _State.pending = True
     if _State.count > 1 or not _in_unsafe_call(frame):
@@ -161,6 +162,20 @@ def command() -> Iterator[None]:
         _State.committed = False
         if sys.getprofile() is _on_return:
             sys.setprofile(None)
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """No Ctrl-C raises inside (it is held, and raised on leaving): for creating a resource and recording
+    it for its cleanup, e.g. ``with deferred(): tmp = mkdtemp()``, where an exception between the
+    creation and the assignment would leak it (nothing would know to remove it)."""
+    _State.deferred += 1
+    try:
+        yield
+    finally:
+        _State.deferred -= 1
+    if not _State.deferred and threading.current_thread() is threading.main_thread() and _stoppable():
+        _raise()
 
 
 @contextlib.contextmanager

@@ -371,12 +371,20 @@ class atomic_path:
     def __enter__(self) -> Path:
         check_output_path(self.final, force=self.force)
         parent = self.final.parent if str(self.final.parent) else Path(".")
+        from tracekit import _interrupt
+
         try:
-            fd, name = tempfile.mkstemp(prefix=f".{self.final.name}.", suffix=self.suffix + ".tmp", dir=parent)
-        except OSError as e:
-            raise OutputError(f"{self.final}: cannot create a file in {parent} {os_reason(e, writing=True)}") from None
-        os.close(fd)
-        self.tmp = Path(name)
+            with _interrupt.deferred():  # a Ctrl-C raises once self.tmp records the file (never a leaked temp file)
+                try:
+                    fd, name = tempfile.mkstemp(prefix=f".{self.final.name}.", suffix=self.suffix + ".tmp", dir=parent)
+                except OSError as e:
+                    raise OutputError(f"{self.final}: cannot create a file in {parent} {os_reason(e, writing=True)}") from None
+                os.close(fd)
+                self.tmp = Path(name)
+        except BaseException:
+            if self.tmp is not None:  # __exit__ is not called when __enter__ raises
+                self._drop()
+            raise
         return self.tmp
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:

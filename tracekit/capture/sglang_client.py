@@ -396,6 +396,8 @@ class LevelCapture:
     profile_request: dict[str, Any]
     window_ns: tuple[int, int]
     convert: Any = None
+    #: Ctrl-C stopped this level early (what was collected was still converted)
+    interrupted: bool = False
 
 
 @dataclass
@@ -407,6 +409,11 @@ class SGLangCaptureResult:
     capabilities: Capabilities
     levels: list[LevelCapture] = field(default_factory=list)
     quality: list[Quality] = field(default_factory=list)
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether Ctrl-C stopped the capture (the levels captured so far were kept)."""
+        return any(lv.interrupted for lv in self.levels)
 
     @property
     def out(self) -> Path:
@@ -583,6 +590,8 @@ def capture_sglang(
                                             warmup_s=load_warmup_s, step_dir=step_dir,
                                             telemetry=telemetry and _is_local(url), force=force, say=say, warn=warn,
                                             quality=result.quality))
+        if result.levels[-1].interrupted:
+            break  # Ctrl-C: the levels not started yet are not run
     if telemetry and not _is_local(url):
         result.quality.append(Quality("telemetry_remote", f"no GPU telemetry: {url} is not this machine", "info"))
     return result
@@ -611,6 +620,7 @@ def _capture_level(url: str, info: dict[str, Any], caps: Capabilities, out: Path
     load_result = None
     started = False
     files: list[Path] | None = None
+    interrupted = False
     t0 = time.time_ns()
     try:
         if gen is not None:
@@ -633,7 +643,11 @@ def _capture_level(url: str, info: dict[str, Any], caps: Capabilities, out: Path
                 notes.append(Quality("sglang_steps_incomplete", f"{num_steps} steps did not complete in time "
                                      "(steps advance only while requests are served); stopped the profile by hand"))
         else:
-            _sleep_with_progress(duration_s, say, gen)
+            try:
+                _sleep_with_progress(duration_s, say, gen)
+            except KeyboardInterrupt:  # Ctrl-C while profiling: stop the profile, keep what it recorded
+                interrupted = True
+                warn("Ctrl-C received; stopping the profile and writing what was collected")
     finally:
         if started and files is None:
             ok, why = _stop_profile(url, timeout_s=poll_timeout_s)
@@ -667,6 +681,8 @@ def _capture_level(url: str, info: dict[str, Any], caps: Capabilities, out: Path
         else:
             notes.append(Quality("sglang_no_step_records", f"no tracekit step records in {step_dir} during the capture; "
                                  "was the server started with `tracekit launch`?"))
+    if interrupted:
+        notes.append(Quality("capture_interrupted", "capture stopped early by Ctrl-C; kept what was collected", "info"))
     quality.extend(notes)
     meta = {
         "sglang_server_info": info,
@@ -682,7 +698,7 @@ def _capture_level(url: str, info: dict[str, Any], caps: Capabilities, out: Path
         warn(f"warning: partial trace: SGLang rank(s) {labels} wrote no trace file within {poll_timeout_s:g}s; "
              f"wrote {out} with the other {len(files)} rank(s), flagged missing_ranks")
     return LevelCapture(out=out, load=load_result, files=files, profile_dir=run_dir, profile_request=body,
-                        window_ns=(t0, t1), convert=conv)
+                        window_ns=(t0, t1), convert=conv, interrupted=interrupted)
 
 
 def _sleep_with_progress(duration_s: float, say: Callable[[str], None], gen: Any) -> None:

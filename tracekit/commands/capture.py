@@ -160,10 +160,11 @@ def register(app: typer.Typer) -> None:
             from tracekit.capture.sglang_client import capture_sglang
 
             print(f"tracekit: capturing the SGLang server at {target}")
-            capture_sglang(
+            sg = capture_sglang(
                 target, secs, output, force=force, load=load, num_steps=steps, with_stack=with_stack,
                 record_shapes=record_shapes, output_dir=profile_dir, poll_timeout_s=poll_timeout,
             )
+            stopped_early("Ctrl-C" if sg.interrupted else None, ", ".join(str(lv.out) for lv in sg.levels))
             return
         from tracekit.capture.options import CaptureOptions
         from tracekit.capture.orchestrate import resolve_device, run_builtin

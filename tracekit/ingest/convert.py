@@ -386,16 +386,18 @@ def convert(
     quality = QualityLog()
     out_dir = str(out.parent if str(out.parent) else ".")
     remove_stale_parts(out_dir)  # left by killed conversions (tracekit.ingest.staging)
-    try:
-        part_dir = make_part_dir(out_dir)
-    except OSError as e:
-        raise OutputError(f"{out}: cannot create a temporary directory in {out_dir} {os_reason(e, writing=True)}") from None
     metas: list[dict[str, Any]] = []
     extra = pl.concat([conform(e) for e in extra_frames if e is not None and e.height], how="vertical_relaxed") if any(
         e is not None and e.height for e in extra_frames
     ) else None
     stager: _Stager | None = None
+    part_dir: str | None = None
     try:
+        try:
+            with _interrupt.deferred():  # a Ctrl-C raises once part_dir records it (then it is removed below)
+                part_dir = make_part_dir(out_dir)
+        except OSError as e:
+            raise OutputError(f"{out}: cannot create a temporary directory in {out_dir} {os_reason(e, writing=True)}") from None
         n = len(sources)
         jobs = jobs or 1
         prog = _Progress(progress, n, on_progress)
@@ -518,7 +520,8 @@ def convert(
     finally:
         if stager is not None:
             stager.discard()
-        shutil.rmtree(part_dir, ignore_errors=True)
+        if part_dir is not None:
+            shutil.rmtree(part_dir, ignore_errors=True)
     return ConvertResult(out, ranks, rows, time.perf_counter() - t0, in_bytes, meta, meta["quality"])
 
 
