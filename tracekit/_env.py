@@ -13,6 +13,7 @@ capture's program hook import this inside the target process).
 | ``TRACEKIT_SGLANG_HOOK`` | capture.sglang_plugin, capture.sglang_autopatch | ``1``: the forward hook is active in SGLang |
 | ``TRACEKIT_STEP_DIR`` | capture.sglang_plugin | where the hook writes step timings |
 | ``TRACEKIT_CAPTURE_DIR`` / ``TRACEKIT_CAPTURE_SPEC`` | capture.program_hook | capture output dir / JSON spec |
+| ``TRACEKIT_TEST_SIGINT_AT`` | _interrupt | fault injection for the tests: ``<label>[:<n>]`` sends this process SIGINT at the n-th interrupt check of that label |
 | ``TRACEKIT_MODULE_CONTEXT`` | capture.program_hook (set by ``capture --module-context``) | ``1``: add ``tk.mod[...]`` ranges around MoE/expert/router/attention modules |
 """
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 import os
 
 __all__ = ["DEBUG", "PARSE_THREADS", "POLARS_MAX_THREADS", "ARROW_DECAY_MS", "JEMALLOC_CONF", "SGLANG_HOOK", "STEP_DIR",
-           "CAPTURE_DIR", "CAPTURE_SPEC", "MODULE_CONTEXT", "debug", "positive_int"]
+           "CAPTURE_DIR", "CAPTURE_SPEC", "MODULE_CONTEXT", "TEST_SIGINT_AT", "debug", "positive_int"]
 
 DEBUG = "TRACEKIT_DEBUG"
 PARSE_THREADS = "TRACEKIT_PARSE_THREADS"
@@ -33,6 +34,7 @@ STEP_DIR = "TRACEKIT_STEP_DIR"
 CAPTURE_DIR = "TRACEKIT_CAPTURE_DIR"
 CAPTURE_SPEC = "TRACEKIT_CAPTURE_SPEC"
 MODULE_CONTEXT = "TRACEKIT_MODULE_CONTEXT"
+TEST_SIGINT_AT = "TRACEKIT_TEST_SIGINT_AT"
 
 
 def debug() -> bool:

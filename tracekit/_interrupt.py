@@ -31,13 +31,15 @@ import sys
 import threading
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
+from tracekit import _env
+
 __all__ = ["blocked", "check", "checked", "command", "committing", "deferred", "install", "is_interrupt", "pending", "reset", "restore", "wait_future",
            "TEST_SIGINT_AT"]
 
 T = TypeVar("T")
 
 #: environment variable of the fault-injection hook (see the module docstring)
-TEST_SIGINT_AT = "TRACEKIT_TEST_SIGINT_AT"
+TEST_SIGINT_AT = _env.TEST_SIGINT_AT
 
 
 class _State:
