@@ -34,25 +34,46 @@ __all__ = ["configure_env", "tune_runtime", "release_memory"]
 
 #: polars' jemalloc: return freed pages within ~100 ms instead of 10 s
 POLARS_JEMALLOC_CONF = "dirty_decay_ms:100,muzzy_decay_ms:0"
+#: ... and within 1 s for the commands that analyze a trace.parquet rank by rank: their per-rank frames are
+#: freed and rebuilt every rank, and a 100 ms decay faults the same pages in again (8 x 4M kernels: 60.8 s wall,
+#: 15.2 s system time at 100 ms; 34.4 s, 9.8 s at 1 s, for +0-17% peak; docs/scale.md §2a)
+POLARS_JEMALLOC_CONF_ANALYZE = "dirty_decay_ms:1000,muzzy_decay_ms:0"
+#: CLI commands that get :data:`POLARS_JEMALLOC_CONF_ANALYZE`
+ANALYZE_COMMANDS = frozenset({"analyze", "diff", "timeline", "export", "replay"})
 #: pyarrow's jemalloc pool: decay of freed pages (ms)
 ARROW_DECAY_MS = 1000
 _tuned = False
 _libc = None
 
 
-def polars_jemalloc_conf() -> str:
-    """:data:`POLARS_JEMALLOC_CONF` plus an arena count of one per 4 cores (jemalloc's default is 4 per core)."""
+def cli_command(argv: list[str] | None = None) -> str | None:
+    """The tracekit CLI command this process runs (``tracekit analyze ...``, ``python -m tracekit.cli analyze``), else None."""
+    argv = sys.argv if argv is None else argv
+    if not argv:
+        return None
+    prog = os.path.basename(argv[0])
+    # "-m": python is still importing the module it was asked to run, and importing tracekit on the way to it
+    # means that module is tracekit.cli (or tracekit)
+    if not (prog in ("tracekit", "-m") or argv[0].endswith(("tracekit/cli.py", "tracekit/__main__.py"))):
+        return None
+    return next((a for a in argv[1:] if not a.startswith("-")), None)
+
+
+def polars_jemalloc_conf(command: str | None = None) -> str:
+    """The decay for ``command`` (:data:`POLARS_JEMALLOC_CONF`, or :data:`POLARS_JEMALLOC_CONF_ANALYZE` for the
+    analysis commands) plus an arena count of one per 4 cores (jemalloc's default is 4 per core)."""
     try:
         ncpu = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - non-Linux
         ncpu = os.cpu_count() or 1
-    return f"{POLARS_JEMALLOC_CONF},narenas:{max(1, ncpu // 4)}"
+    conf = POLARS_JEMALLOC_CONF_ANALYZE if command in ANALYZE_COMMANDS else POLARS_JEMALLOC_CONF
+    return f"{conf},narenas:{max(1, ncpu // 4)}"
 
 
 def configure_env() -> None:
     """Set allocator environment defaults (no-op for a variable the user set)."""
     if "polars" not in sys.modules:
-        os.environ.setdefault(_env.JEMALLOC_CONF, polars_jemalloc_conf())
+        os.environ.setdefault(_env.JEMALLOC_CONF, polars_jemalloc_conf(cli_command()))
 
 
 def tune_runtime() -> None:
