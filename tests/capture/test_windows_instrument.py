@@ -65,6 +65,25 @@ def test_close_mid_window_keeps_it(tmp_path: Path):
     assert log == ["start", "stop", "export"] and len(w.files) == 1
 
 
+def test_window_spans_only_the_recorded_time(tmp_path: Path):
+    # the window starts when start() has returned and ends before stop(): a slow stop (kineto's processing)
+    # is not part of what was recorded
+    log: list[str] = []
+    ticks = iter(range(100))
+
+    def clock() -> int:
+        log.append("clock")
+        return next(ticks)
+
+    w = ProfilerWindows(WindowSchedule(first=0, steps=2, every=10), tmp_path, 0, lambda: FakeProf(log),
+                        sync=lambda: log.append("sync"), clock=clock)
+    for step in range(3):
+        w.before_step(step)
+        w.after_step(step)
+    assert log == ["sync", "start", "clock", "sync", "clock", "stop", "export"]
+    assert w.windows == [[0, 1]]
+
+
 def _label(a, k):  # noqa: ANN001, ANN202
     return a[1], a[2], int(a[0].numel())
 

@@ -111,8 +111,11 @@ class ProfilerWindows:
             self.sync()
             self.barrier()
             prof = self.factory()
-            self._t0 = self.clock()
             prof.start()
+            # the window is the time the profiler records: from when start() returns to when stop() is called
+            # (kineto's stop takes tens of ms; stamping after it put ~35 ms of unrecorded time, read as host idle,
+            # at the end of every window of the built-in workload on an H200)
+            self._t0 = self.clock()
             self._prof, self._k = prof, self.schedule.window_of(step)
 
     def after_step(self, step: int) -> None:
@@ -126,8 +129,8 @@ class ProfilerWindows:
             return None
         self._prof = self._k = None
         self.sync()
+        t1 = self.clock()  # the device has drained: nothing after this is recorded
         prof.stop()
-        t1 = self.clock()
         path = window_file(self.out_dir, self.rank, int(k or 0))
         e0 = time.perf_counter()
         part = path.with_name("." + path.name.replace(".trace.json.gz", ".part.json.gz"))
