@@ -114,6 +114,8 @@ def _on_return(frame: Any, event: str, arg: Any) -> None:
     if not _stoppable():
         sys.setprofile(None)
         return
+    if _State.deferred:
+        return  # held: deferred() raises on leaving
     if event == "return" and _unsafe(frame) and not _in_unsafe_call(frame.f_back):
         sys.setprofile(None)
         _raise()  # reaches the caller of the polars function: tracekit code, no Rust frame on the stack
@@ -225,6 +227,8 @@ def check(label: str = "") -> None:
     if _State.committed:
         return
     if threading.current_thread() is threading.main_thread():
+        if _State.deferred:
+            return  # held: deferred() raises on leaving
         if _State.pending:
             _raise()  # acted on; the exception carries it from here
     elif _State.pending or _State.interrupted:

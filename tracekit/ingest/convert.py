@@ -518,10 +518,11 @@ def convert(
                 _interrupt.check("publish")  # the last point a Ctrl-C stops the command: close() renames the output
                 rows = finish(w, rows, first, last)
     finally:
-        if stager is not None:
-            stager.discard()
-        if part_dir is not None:
-            shutil.rmtree(part_dir, ignore_errors=True)
+        with _interrupt.deferred():  # the cleanup itself is never cut short by a Ctrl-C (it would leave the parts)
+            if stager is not None:
+                stager.discard()
+            if part_dir is not None:
+                shutil.rmtree(part_dir, ignore_errors=True)
     return ConvertResult(out, ranks, rows, time.perf_counter() - t0, in_bytes, meta, meta["quality"])
 
 
