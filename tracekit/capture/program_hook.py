@@ -242,6 +242,14 @@ def install(t0_ns: int | None = None) -> bool:
         return orig_enter(self)
 
     def exit_(self: Any, *a: Any) -> Any:
+        if "_tk_step" not in self.__dict__:
+            return orig_exit(self, *a)
+        # a step's range closes in the profiler and in the window's count together: a Ctrl-C between the two
+        # left a whole step in the trace that its window did not count; held here, delivered right after
+        with deferred_signals():
+            return _exit_step(self, *a)
+
+    def _exit_step(self: Any, *a: Any) -> Any:
         r = orig_exit(self, *a)
         rec = self.__dict__.pop("_tk_rec", None)
         if self.__dict__.pop("_tk_step", False):
