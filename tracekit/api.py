@@ -95,8 +95,10 @@ def analyze_frame_result(
     trim_transient: bool = True,
     top: int = 5,
     cross_rank: bool = True,
+    next_win: bool = True,
 ) -> AnalysisResult:
-    """:func:`analyze_frame` as the typed :class:`~tracekit.analysis.result.AnalysisResult`."""
+    """:func:`analyze_frame` as the typed :class:`~tracekit.analysis.result.AnalysisResult` (``next_win=False``: without
+    the replayed next-win section)."""
     return run_analysis(FrameSource(df), meta, window=window, skip_steps=skip_steps, trim_transient=trim_transient, top=top,
-                        cross_rank=cross_rank)
+                        cross_rank=cross_rank, next_win=next_win)
 

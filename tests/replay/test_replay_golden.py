@@ -64,12 +64,34 @@ def test_gpu_bound_kernel_scaling_moves_step_by_the_saved_time():
     assert p50(r) == 140 * US
     assert p50(r, 0) == 125 * US  # 15 µs saved on the moe kernel propagates through FIFO and the sync
     assert p50(r, 1) == 230 * US  # three 30 µs kernels doubled: +90
-    # without the sync wait the host reaches the end marker early; the step ends with the last kernel
-    assert p50(r, 2) == 135 * US
+    # the step's only sync is where the host takes its result: kept (removing it would overlap steps, not remove a sync)
+    assert p50(r, 2) == 140 * US
     cp = r.baseline["critical_path_ns"]
     assert cp["moe_gemm"] == 30 * US
     assert cp["other_compute"] == 90 * US
     assert sum(cp.values()) == pytest.approx(140 * US)
+
+
+def mid_step_sync() -> TraceBuilder:
+    """k0 (30 µs), a sync on it (the host idles until 47), k1 launched after it (55-85), the step's result sync (86-88)."""
+    b = TraceBuilder()
+    b.step(0, 0, 100, 1)
+    b.launch(0, 10, 3, 15, 30, step_id=1, name="k0", category="other_compute")
+    b.sync(0, 14, 33, step_id=1)  # waits for k0 (ends 45), tail 2
+    b.launch(0, 50, 3, 55, 30, step_id=1, name="k1", category="other_compute")
+    b.sync(0, 56, 31, step_id=1)  # the step's result: waits for k1 (ends 85), tail 2
+    return b
+
+
+def test_no_host_sync_removes_the_waits_inside_a_step_and_keeps_its_result_sync():
+    r = replay(mid_step_sync().frame(), what_ifs=["no-host-sync"])
+    assert p50(r) == 100 * US
+    # without the mid-step wait k1 is launched at 17 (the host's own 3 µs after the sync call) and queues behind k0:
+    # it runs 45-75, the result sync ends 77 and the host's 13 µs to the end marker end the step at 90 (+ the removed
+    # sync call's own ~1 µs)
+    assert 90 * US <= p50(r, 0) <= 92 * US
+    notes = " ".join(r.what_if[0].notes)
+    assert "removed" in notes and "kept" in notes
 
 
 def two_rank_rendezvous() -> TraceBuilder:

@@ -40,6 +40,8 @@ __all__ = ["candidates", "next_win", "next_win_finding", "replay_rows", "MAX_ROW
 #: traces without profiled steps on some rank (replay then replays each rank as one step) and more rows than this
 #: are not replayed inside ``analyze`` (``tracekit replay`` does it)
 MAX_ROWS = 3_000_000
+#: a scenario must shorten the step by at least this fraction to be listed as a win (below: "no predicted gain")
+MIN_GAIN = 0.01
 #: traces of up to this many rows replay whole; larger ones replay a sample of steps of about this many rows
 REPLAY_ROWS = 400_000
 #: job steps replayed at most (a sample), and the number of stretches of consecutive steps they come in
@@ -181,10 +183,11 @@ def next_win(df: pl.DataFrame | None, meta: Mapping[str, Any] | None, res: Mappi
     for (spec, what), p in zip(specs, r.what_if):
         row: dict[str, Any] = {"spec": spec, "what": what, "step_ns_p50": p.step_ns_p50, "tokens_per_s": p.tokens_per_s, "change": p.change,
                "within_noise": p.within_noise}
-        if p.change < 0 and not p.within_noise:
+        if p.change <= -MIN_GAIN and not p.within_noise:
             rows.append(row)
         else:
-            why = "inside the noise floor" if p.within_noise else f"replay predicts {p.change:+.0%}"
+            why = ("inside the noise floor" if p.within_noise else f"replay predicts {p.change:+.1%}" if p.change < 0
+                   else f"replay predicts {p.change:+.0%}")
             skipped.append({"what": what, "why": f"no predicted gain ({why})"})
     rows.sort(key=lambda x: x["change"])
     return {"status": "ok", "baseline": {"step_ns_p50": base["step_ns_p50"], "tokens_per_s": base.get("tokens_per_s"),

@@ -209,8 +209,12 @@ def run_analysis(
     trim_transient: bool = True,
     top: int = 5,
     cross_rank: bool = True,
+    next_win: bool = True,
 ) -> AnalysisResult:
-    """The :class:`AnalysisResult` of ``source``; ``.to_json()`` is the analyze JSON object (docs/analyze_json.md)."""
+    """The :class:`AnalysisResult` of ``source``; ``.to_json()`` is the analyze JSON object (docs/analyze_json.md).
+
+    ``next_win=False`` leaves the replayed ``next_win`` section out (``tracekit replay`` takes the window and the
+    matched collectives from the result and replays itself)."""
     quality = QualityLog()
     for q in meta.get("quality") or []:
         quality.add(q.get("code", "note"), q.get("message", ""), severity=q.get("severity", "warning"), rank=q.get("rank"))
@@ -256,7 +260,7 @@ def run_analysis(
         del df
     tables: dict[str, Any] = {}
     extra: dict[str, Any] = crossrank.cross_rank_finish(plan, cr_parts, tables) if plan is not None else {}
-    if plan is not None:
+    if plan is not None and next_win:
         _interrupt.check("analyze")
         _add_next_win(source, ov, meta, extra, plan)
     bd = breakdown_finish(bd_parts, win, split=split)

@@ -40,7 +40,12 @@ def register(app: typer.Typer) -> None:
         target = read_trace(durations_from)[0] if durations_from is not None else None
         if out is not None:  # before the work: --out is never one of the traces just read, a device or a directory
             check_output_path(out, force=force)
-        res = replay(df, meta, what_if, durations_from=target, calibrate=not no_calibrate, gap_scale=gap_scale)
+        # the collective matching of the analysis (one owner; the same instances analyze reports), on the trace's clock
+        from tracekit.api import analyze_frame_result
+
+        matched = analyze_frame_result(df, meta, next_win=False).instances_in_input_time()
+        res = replay(df, meta, what_if, durations_from=target, calibrate=not no_calibrate, gap_scale=gap_scale,
+                     instances=matched if matched.height else None)
         if out is not None:
             with atomic_path(out, force=force) as tmp:
                 tmp.write_text(json.dumps(res.to_json(), indent=1, default=str))
