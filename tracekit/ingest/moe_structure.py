@@ -80,6 +80,16 @@ def _name_flags(df: pl.DataFrame, gpu: pl.Expr) -> pl.DataFrame:
     )
 
 
+def last_before(flag: str) -> pl.Expr:
+    """Position (``_pos``) of the last op with ``flag`` strictly before this one."""
+    return pl.when(pl.col(flag)).then(pl.col("_pos")).forward_fill().shift(1)
+
+
+def next_after(flag: str) -> pl.Expr:
+    """Position (``_pos``) of the next op with ``flag`` strictly after this one."""
+    return pl.when(pl.col(flag)).then(pl.col("_pos")).backward_fill().shift(-1)
+
+
 def apply_moe_structure(df: pl.DataFrame) -> pl.DataFrame:
     """Re-attribute GPU ops by the MoE / eager-attention launch pattern (module docstring); one rank."""
     gpu = pl.col("kind").is_in(GPU_KINDS)
@@ -111,13 +121,6 @@ def apply_moe_structure(df: pl.DataFrame) -> pl.DataFrame:
         (kernel & (pl.col("_cat").is_in(_GEMM_CATS) | (~by_name & pl.col("_gemmname").fill_null(False)))).alias("_gemm"),
     )
     pos = pl.col("_pos")
-
-    def last_before(flag: str) -> pl.Expr:
-        """Position of the last op with ``flag`` strictly before this one."""
-        return pl.when(pl.col(flag)).then(pos).forward_fill().shift(1)
-
-    def next_after(flag: str) -> pl.Expr:
-        return pl.when(pl.col(flag)).then(pos).backward_fill().shift(-1)
 
     # GEMM runs (a GEMM plus its split-K reduce): the run's first position
     run = (pl.col("_gemm") != pl.col("_gemm").shift(1)).fill_null(True).cum_sum()
@@ -224,11 +227,8 @@ def _indexer_gemms(ops: pl.DataFrame, blocks: pl.DataFrame, eager_pos: pl.DataFr
         return empty
     attn = (pl.col("_kind") == "kernel") & ((pl.col("_cat") == "attention") | pos.is_in(eager_pos["_pos"].implode()))
     o = ops.with_columns(attn.alias("_attn")).with_columns((pl.col("_gemm") & ~pl.col("_attn")).alias("_gx"))
-    o = o.with_columns(
-        pl.when(pl.col("_attn")).then(pos).backward_fill().shift(-1).alias("_a_next"),
-        pl.when(pl.col("_gx")).then(pos).backward_fill().shift(-1).alias("_gx_next"),
-        pl.when(pl.col("_gx")).then(pos).forward_fill().shift(1).alias("_gx_prev"),
-    )
+    o = o.with_columns(next_after("_attn").alias("_a_next"), next_after("_gx").alias("_gx_next"),
+                       last_before("_gx").alias("_gx_prev"))
     cand = o.filter(
         pl.col("_topk") & pl.col("_a_next").is_not_null() & (pl.col("_a_next") - pos <= MAX_INDEXER_TO_ATTN)
         & (pl.col("_gx_next").is_null() | (pl.col("_gx_next") > pl.col("_a_next")))
