@@ -12,20 +12,15 @@ from __future__ import annotations
 
 import statistics
 import sys
+from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from tracekit.capture import module_context as mc
 
-FAM = {
-    "qwen3moe": ("qwen3_moe", dict(vocab_size=32000, hidden_size=1024, intermediate_size=2048, moe_intermediate_size=256,
-                                   num_hidden_layers=3, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
-                                   num_experts=64, num_experts_per_tok=8, decoder_sparse_step=1, max_position_embeddings=4096)),
-    "olmoe": ("olmoe", dict(vocab_size=32000, hidden_size=1024, intermediate_size=256, num_hidden_layers=3,
-                            num_attention_heads=16, num_key_value_heads=16, num_experts=64, num_experts_per_tok=8,
-                            max_position_embeddings=4096)),
-}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from transformers_corpus_capture import FAMILIES as FAM  # noqa: E402  (the corpus models: one definition)
 
 
 def main() -> int:
