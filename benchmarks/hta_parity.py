@@ -134,8 +134,8 @@ def _hta_rounded_fractions(trace_parquet: Path, rank: int, h: dict[str, Any], *,
     """
     import polars as pl
 
-    from tracekit.analysis.breakdown import compute_breakdown
-    from tracekit.analysis.window import Window
+    from tracekit.analysis.passes.breakdown import compute_breakdown
+    from tracekit.core.window import Window
     from tracekit.schema import read_trace
 
     df, _ = read_trace(trace_parquet, ranks=[rank])

@@ -11,7 +11,8 @@ from typing import Any, Sequence
 
 import polars as pl
 
-from tracekit.analysis.pipeline import ANALYSIS_VERSION, FrameSource, ScanSource, ranks_filter, run_analysis
+from tracekit.advice.nextwin import next_win_stage
+from tracekit.analysis.stage.pipeline import ANALYSIS_VERSION, FrameSource, ScanSource, ranks_filter, run_analysis
 from tracekit.analysis.result import AnalysisResult
 from tracekit.ingest.convert import ConvertResult, convert
 from tracekit.schema import read_metadata, scan_trace
@@ -37,7 +38,7 @@ def analyze(
     convert time (tracekit.steplabels). This reads the whole trace into memory once.
 
     Streams: a small cross-rank pass over lazy scans, then the per-rank analyses one rank at
-    a time (``tracekit.analysis.pipeline``), so memory is one rank's rows plus the collective
+    a time (``tracekit.analysis.stage.pipeline``), so memory is one rank's rows plus the collective
     tables, never the whole trace. Same result as :func:`analyze_frame` on the whole frame.
     """
     return analyze_result(path, window=window, skip_steps=skip_steps, trim_transient=trim_transient, top=top, ranks=ranks,
@@ -66,7 +67,7 @@ def analyze_result(
         source = FrameSource(resteps(lf.collect(), compile_steps_from(steps_from) or steps_from))
         meta = {**meta, "steps_from": steps_from}
     res = run_analysis(source, meta, window=window, skip_steps=skip_steps, trim_transient=trim_transient, top=top,
-                       cross_rank=cross_rank)
+                       cross_rank=cross_rank, after=(next_win_stage,))
     res.sections["trace"] = str(path)
     return res
 
@@ -100,5 +101,5 @@ def analyze_frame_result(
     """:func:`analyze_frame` as the typed :class:`~tracekit.analysis.result.AnalysisResult` (``next_win=False``: without
     the replayed next-win section)."""
     return run_analysis(FrameSource(df), meta, window=window, skip_steps=skip_steps, trim_transient=trim_transient, top=top,
-                        cross_rank=cross_rank, next_win=next_win)
+                        cross_rank=cross_rank, after=(next_win_stage,) if next_win else ())
 

@@ -2,8 +2,8 @@
 
 import polars as pl
 
-from tracekit.analysis.align import align_clocks
-from tracekit.analysis.collectives import match_collectives
+from tracekit.core.align import align_clocks
+from tracekit.core.collectives import match_collectives
 
 from .synth import build
 

@@ -3,7 +3,7 @@
 import polars as pl
 import pytest
 
-from tracekit.analysis.collectives import (
+from tracekit.core.collectives import (
     collective_quality,
     collective_summary,
     match_collectives,

@@ -4,7 +4,7 @@ import json
 
 import polars as pl
 
-from tracekit.analysis.crossrank import SECTION_KEYS, cross_rank_sections
+from tracekit.analysis.stage.crossrank import SECTION_KEYS, cross_rank_sections
 
 from .synth import build, counter_rows
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tracekit.analysis.efficiency import gemm_flops_bytes, kernel_efficiency, moe_gemm_finish, moe_gemm_findings
+from tracekit.analysis.passes.efficiency import gemm_flops_bytes, kernel_efficiency, moe_gemm_finish, moe_gemm_findings
 from tracekit.schema import frame_from_rows
 
 H200 = {"ranks": [{"rank": 0, "device_name": "NVIDIA H200"}]}

@@ -1,4 +1,4 @@
-"""Expert load imbalance from the per-expert loop's GEMM sizes (tracekit/analysis/experts.py)."""
+"""Expert load imbalance from the per-expert loop's GEMM sizes (tracekit/analysis/passes/experts.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tracekit.analysis.experts import expert_load_finding, expert_load_finish, expert_load_part
+from tracekit.analysis.passes.experts import expert_load_finding, expert_load_finish, expert_load_part
 from tracekit.schema import frame_from_rows
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"

@@ -67,7 +67,7 @@ def test_cpu_oversubscription_is_the_headline(tmp_path):
 
 
 def test_quality_flags_once():
-    from tracekit.analysis.pipeline import _once
+    from tracekit.analysis.stage.pipeline import _once
 
     a = {"code": "clock_residual_high", "message": "m", "severity": "warning"}
     b = dict(a, details={"residual_ns": 1})

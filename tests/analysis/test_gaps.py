@@ -2,8 +2,8 @@
 
 import polars as pl
 
-from tracekit.analysis.collectives import match_collectives
-from tracekit.analysis.gaps import idle_causes
+from tracekit.core.collectives import match_collectives
+from tracekit.analysis.passes.gaps import idle_causes
 
 from .synth import build
 

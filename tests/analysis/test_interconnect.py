@@ -1,4 +1,4 @@
-"""Interconnect verdict (tracekit/analysis/interconnect.py) on the 2xH200 fixtures and the nsys TP2 capture."""
+"""Interconnect verdict (tracekit/analysis/passes/interconnect.py) on the 2xH200 fixtures and the nsys TP2 capture."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tracekit.analysis.interconnect import path_models
+from tracekit.analysis.passes.interconnect import path_models
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
 NSYS = Path(os.environ.get("TRACEKIT_TRACES", "/work/shared/traces")) / "nsys" / "generated-h200"

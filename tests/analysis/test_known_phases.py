@@ -15,8 +15,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tracekit.analysis import intervals as iv
-from tracekit.analysis.gaps import idle_causes
+from tracekit.core import intervals as iv
+from tracekit.analysis.passes.gaps import idle_causes
 
 ROOT = Path(__file__).resolve().parents[2]
 

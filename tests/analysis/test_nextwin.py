@@ -1,4 +1,4 @@
-"""Next win: the analysis' candidate changes, replayed and ranked (tracekit/analysis/nextwin.py)."""
+"""Next win: the analysis' candidate changes, replayed and ranked (tracekit/advice/nextwin.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tracekit.analysis.nextwin import candidates, next_win_finding
+from tracekit.advice.nextwin import candidates, next_win_finding
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
 
@@ -84,7 +84,7 @@ def test_sampled_replay_matches_whole_trace(tiled: Path, monkeypatch: pytest.Mon
     of the steps and in p50, the lead-in step absorbs most of the cut); the scan and the in-memory frame give the same section."""
     import numpy as np
 
-    import tracekit.analysis.nextwin as nw
+    import tracekit.advice.nextwin as nw
     from tracekit.api import analyze, analyze_frame
     from tracekit.replay.api import Replayer
     from tracekit.replay.simulate import inputs_from_graph

@@ -3,9 +3,9 @@
 import polars as pl
 import pytest
 
-from tracekit.analysis.gpus import gpu_peaks, pcie_link_bw_bytes_per_s, rank_gpu_info
-from tracekit.analysis.pcie import pcie_phases
-from tracekit.analysis.power import power_verdicts
+from tracekit.core.gpus import gpu_peaks, pcie_link_bw_bytes_per_s, rank_gpu_info
+from tracekit.analysis.passes.pcie import pcie_phases
+from tracekit.analysis.passes.power import power_verdicts
 from tracekit.schema import frame_from_rows
 
 from .synth import build, counter_rows
@@ -84,7 +84,7 @@ def test_phase_never_above_the_link():
 
 def test_collective_phase_only_without_nvlink():
     df, _ = build(ranks=2, steps=2, nelems=64 << 20, transfer_ns=2_000_000)
-    from tracekit.analysis.collectives import match_collectives
+    from tracekit.core.collectives import match_collectives
 
     m = match_collectives(df)
     nv = {"ranks": [{"rank": r, "device_name": "NVIDIA H200"} for r in range(2)]}

@@ -6,11 +6,11 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tracekit.analysis.align import align_clocks
-from tracekit.analysis.collectives import collective_summary, match_collectives
-from tracekit.analysis.gaps import idle_causes
-from tracekit.analysis.pcie import pcie_phases
-from tracekit.analysis.stalls import detect_stalls
+from tracekit.core.align import align_clocks
+from tracekit.core.collectives import collective_summary, match_collectives
+from tracekit.analysis.passes.gaps import idle_causes
+from tracekit.analysis.passes.pcie import pcie_phases
+from tracekit.analysis.passes.stalls import detect_stalls
 
 TRACES = Path(os.environ.get("TRACEKIT_TRACES", "/work/shared/traces") + "")
 NSYS = TRACES / "nsys" / "generated-h200"

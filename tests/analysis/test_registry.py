@@ -18,10 +18,10 @@ import pytest
 
 from tracekit._errors import UsageError
 from tracekit.analysis import registry as reg
-from tracekit.analysis.crossrank import cross_rank_part, cross_rank_plan, cross_rank_sections, section_keys
+from tracekit.analysis.stage.crossrank import cross_rank_part, cross_rank_plan, cross_rank_sections, section_keys
 from tracekit.analysis.findings import Finding
-from tracekit.analysis.pipeline import ScanSource, analysis_columns
-from tracekit.analysis.window import cpu_mode_ranks
+from tracekit.analysis.stage.pipeline import ScanSource, analysis_columns
+from tracekit.core.window import cpu_mode_ranks
 from tracekit.api import analyze, analyze_frame
 from tracekit.schema import COLUMN_NAMES, read_trace, scan_trace
 
@@ -54,7 +54,7 @@ def test_analysis_columns_are_the_union_of_declared_columns() -> None:
     cols = analysis_columns()
     assert cols == [c for c in COLUMN_NAMES if c in want]  # the schema's order, nothing else
     assert {u.name for u in reg.column_uses()} >= {"rows", "breakdown", "kernel_totals", "cross_rank"}
-    from tracekit.analysis import pipeline
+    from tracekit.analysis.stage import pipeline
 
     assert pipeline.ANALYSIS_COLUMNS == cols
     # sections: every analysis' own keys, in registry order, then the ranked findings
@@ -109,8 +109,8 @@ def test_every_column_a_part_reads_is_declared(real_traces: dict[str, Path]) -> 
 
 def test_the_stages_outside_the_registry_read_only_what_they_declare(real_traces: dict[str, Path]) -> None:
     """Breakdown (with the communication split) and kernel totals, on rows cut to their declared columns, give the same tables."""
-    from tracekit.analysis.breakdown import compute_breakdown, kernel_totals
-    from tracekit.analysis.window import select_window
+    from tracekit.analysis.passes.breakdown import compute_breakdown, kernel_totals
+    from tracekit.core.window import select_window
 
     uses = {u.name: set(u.columns) for u in reg.column_uses()}
     for name, path in real_traces.items():

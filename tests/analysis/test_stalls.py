@@ -3,8 +3,8 @@
 import polars as pl
 import pytest
 
-from tracekit.analysis.collectives import match_collectives
-from tracekit.analysis.stalls import detect_stalls, lost_by_rank, stall_summary
+from tracekit.core.collectives import match_collectives
+from tracekit.analysis.passes.stalls import detect_stalls, lost_by_rank, stall_summary
 
 from .synth import build
 

@@ -3,9 +3,9 @@
 import polars as pl
 import pytest
 
-from tracekit.analysis.collectives import match_collectives
-from tracekit.analysis.efficiency import gemm_flops_bytes, kernel_efficiency
-from tracekit.analysis.steps import step_stats
+from tracekit.core.collectives import match_collectives
+from tracekit.analysis.passes.efficiency import gemm_flops_bytes, kernel_efficiency
+from tracekit.analysis.passes.steps import step_stats
 from tracekit.schema import frame_from_rows
 
 from .synth import build

@@ -18,7 +18,7 @@ from typing import Any
 import polars as pl
 import pytest
 
-from tracekit.analysis.pipeline import ANALYSIS_COLUMNS, ScanSource, analysis_rows_expr
+from tracekit.analysis.stage.pipeline import ANALYSIS_COLUMNS, ScanSource, analysis_rows_expr
 from tracekit.api import analyze, analyze_frame
 from tracekit.schema import read_trace, scan_trace, write_trace
 

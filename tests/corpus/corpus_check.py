@@ -27,7 +27,7 @@ import polars as pl
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from tracekit.analysis.steps import step_stats
+from tracekit.analysis.passes.steps import step_stats
 from tracekit.ingest.common import finalize_rank  # noqa: E402
 from tracekit.ingest.convert import convert
 from tracekit.schema import CATEGORIES, read_trace

@@ -58,7 +58,7 @@ def test_diff_of_a_run_against_itself_has_no_comparability_note(pair) -> None:
 
 
 def test_comparability_from_capture_shapes() -> None:
-    from tracekit.analysis.comparable import comparability_notes
+    from tracekit.compare.comparable import comparability_notes
 
     m = lambda **o: {"capture": {"workload": {"options": {"layers": 2, "hidden": 256, **o}}}}  # noqa: E731
     assert comparability_notes(m(), m()) == []

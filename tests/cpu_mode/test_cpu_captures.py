@@ -13,7 +13,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tracekit.analysis.gaps import idle_causes
+from tracekit.analysis.passes.gaps import idle_causes
 from tracekit.api import analyze
 from tracekit.schema import read_trace
 

@@ -13,9 +13,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "golden"))
 from kineto_doc import annotation, cpu_op, doc, kernel, runtime, write_doc  # noqa: E402
 
 from cpu_mode._cpu_doc import BASE_NS, EXPECT, TRANSFER_US, write_cpu_docs  # noqa: E402
-from tracekit.analysis.breakdown import compute_breakdown  # noqa: E402
-from tracekit.analysis.collectives import match_collectives  # noqa: E402
-from tracekit.analysis.window import device_op_expr, device_ops  # noqa: E402
+from tracekit.analysis.passes.breakdown import compute_breakdown  # noqa: E402
+from tracekit.core.collectives import match_collectives  # noqa: E402
+from tracekit.core.window import device_op_expr, device_ops  # noqa: E402
 from tracekit.api import analyze  # noqa: E402
 from tracekit.ingest.common import finalize_rank, forward_tids  # noqa: E402
 from tracekit.ingest.convert import convert  # noqa: E402

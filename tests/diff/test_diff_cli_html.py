@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from tracekit.analysis.diff import diff_runs
+from tracekit.compare.diff import diff_runs
 from tracekit.cli import app
 from tracekit.report.diff_html import render_html
 from tracekit.schema import write_trace

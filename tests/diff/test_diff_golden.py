@@ -1,12 +1,12 @@
-"""Golden tests of tracekit.analysis.diff on hand-built two-rank runs with known answers."""
+"""Golden tests of tracekit.compare.diff on hand-built two-rank runs with known answers."""
 
 from __future__ import annotations
 
 import pytest
 import polars as pl
 
-from tracekit.analysis.collectives import match_collectives
-from tracekit.analysis.diff import diff_runs, summarize_run
+from tracekit.core.collectives import match_collectives
+from tracekit.compare.diff import diff_runs, summarize_run
 from tracekit.schema import frame_from_rows
 
 MS = 1_000_000
@@ -137,7 +137,7 @@ def test_json_is_serializable() -> None:
 
 
 def test_speedups_are_factors_and_slowdowns_too() -> None:
-    from tracekit.analysis.diff import _times
+    from tracekit.compare.diff import _times
 
     assert _times(3.06, 1.0) == "3.06× faster" and _times(1.0, 1.25) == "1.25× slower" and _times(2.0, 2.0) == "1.00× slower"
     d = diff_runs(run(2.0), run(4.0))  # the MoE GEMM got slower

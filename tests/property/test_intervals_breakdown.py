@@ -14,9 +14,9 @@ import polars as pl
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from tracekit.analysis.breakdown import PRIORITY, SPLIT_PRIORITY, compute_breakdown
-from tracekit.analysis.intervals import clip, covered_by, gaps, merge, overlap_length, union_length
-from tracekit.analysis.window import Window
+from tracekit.analysis.passes.breakdown import PRIORITY, SPLIT_PRIORITY, compute_breakdown
+from tracekit.core.intervals import clip, covered_by, gaps, merge, overlap_length, union_length
+from tracekit.core.window import Window
 from tracekit.schema import CATEGORIES, frame_from_rows
 
 SCALE = int(os.environ.get("TRACEKIT_FUZZ_SCALE", "1"))
@@ -216,7 +216,7 @@ def collectives(draw):
 @SLOW
 @given(rows=collectives())
 def test_waits_are_never_negative_and_fit_in_the_kernel(rows) -> None:
-    from tracekit.analysis.collectives import collective_quality, match_collectives, split_communication
+    from tracekit.core.collectives import collective_quality, match_collectives, split_communication
 
     assume(rows)
     df = frame_from_rows(rows)

@@ -1,4 +1,4 @@
-"""Replay's collective instances come from the one matching (analysis.collectives.match_collectives), or from
+"""Replay's collective instances come from the one matching (core.collectives.match_collectives), or from
 the analysis result's instances when the caller has them (issue 16: one owner per concept)."""
 
 from __future__ import annotations

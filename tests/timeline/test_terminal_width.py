@@ -131,7 +131,7 @@ def test_analyze_cli_width_option(tmp_path):
 def diff_res():
     import polars as pl
 
-    from tracekit.analysis.diff import diff_runs, summarize_result
+    from tracekit.compare.diff import diff_runs, summarize_result
     from tracekit.api import analyze_result
     from tracekit.schema import scan_trace
 

@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tracekit._errors import QualityLog, UsageError
-from tracekit.analysis.breakdown import PRIORITY, compute_breakdown, top_kernels, uncategorized_top
-from tracekit.analysis.window import Window, select_window
+from tracekit.analysis.passes.breakdown import PRIORITY, compute_breakdown, top_kernels, uncategorized_top
+from tracekit.core.window import Window, select_window
 from tracekit.api import analyze, analyze_frame
 from tracekit.cli import app
 from tracekit.schema import frame_from_rows, write_trace

@@ -6,7 +6,7 @@ import polars as pl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracekit.analysis.intervals import clip, covered_by, gaps, merge, overlap_length, union_length
+from tracekit.core.intervals import clip, covered_by, gaps, merge, overlap_length, union_length
 
 
 def _iv(pairs, **extra) -> pl.DataFrame:
@@ -115,7 +115,7 @@ def test_union_and_gaps_partition_window(pairs, a, b) -> None:
 
 # ---- overlap primitive (sort + search) against the cross product filtered on time --------------------------
 
-from tracekit.analysis.intervals import intersect, overlap_index, overlap_join  # noqa: E402
+from tracekit.core.intervals import intersect, overlap_index, overlap_join  # noqa: E402
 
 _ivg = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 120), st.integers(0, 40)), max_size=30)
 
@@ -231,7 +231,7 @@ def test_overlap_index_large_keyed_frames_match_per_group() -> None:
 @settings(max_examples=100, deadline=None)
 @given(_ivg, st.lists(st.tuples(st.integers(0, 150), st.integers(0, 30)), min_size=1, max_size=6), st.booleans())
 def test_in_spans_matches_any_span(rows, sp, closed) -> None:
-    from tracekit.analysis.intervals import in_spans
+    from tracekit.core.intervals import in_spans
 
     rows = rows + [(0, 5, 0), (1, 10, 0)]  # zero-length rows where spans may touch
     sp = sp + [(0, 5), (5, 5), (10, 0)]

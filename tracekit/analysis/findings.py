@@ -267,7 +267,7 @@ def step_candidates(summary: pl.DataFrame, steps: pl.DataFrame) -> list[Finding]
             tps = f", {row['tokens_per_s']:.0f} tokens/s" if row.get("tokens_per_s") else ""
             bs = f" bs={row['batch_size']}" if row.get("batch_size") is not None else ""
             n = int(row["steps"])
-            # step time = host range or GPU span, whichever is longer (tracekit.analysis.steps)
+            # step time = host range or GPU span, whichever is longer (tracekit.analysis.passes.steps)
             p50, p90 = row.get("step_p50_ns", row["p50_ns"]), row.get("step_p90_ns", row["p90_ns"])
             host = f" (host {_ms(row['p50_ns'])})" if row["p50_ns"] and p50 and p50 > 1.2 * row["p50_ns"] else ""
             spread = f"p90 {_ms(p90)}, " if n >= 3 else ""  # a percentile needs at least 3 steps

@@ -9,12 +9,12 @@ the one ranker, :func:`tracekit.analysis.findings.rank_findings`) and its option
 
 Cross-analysis inputs are declared, never reached for: ``needs`` names the analyses whose
 :class:`Finished` the finish receives (``ctx.results``), ``findings_needs`` those its findings receive.
-:func:`analyses` lists every registered analysis of ``tracekit.analysis`` (its modules are imported
+:func:`analyses` lists every registered analysis of ``tracekit.analysis.passes`` (its modules are imported
 once, so a new analysis is one new module), ordered by ``order`` then name: the order of the
 sections in the JSON and of the finishes (a need must come earlier).
 :func:`declared_columns` is the union of the columns every analysis and every :class:`ColumnUse`
 (the breakdown, kernel totals, window and row filter of the pipeline) declares:
-``tracekit.analysis.pipeline.ANALYSIS_COLUMNS`` is derived from it.
+``tracekit.analysis.stage.pipeline.ANALYSIS_COLUMNS`` is derived from it.
 """
 
 from __future__ import annotations
@@ -23,16 +23,14 @@ import importlib
 import inspect
 import pkgutil
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 import polars as pl
 
 from tracekit._errors import QualityLog, UsageError
 from tracekit.analysis.findings import Finding
+from tracekit.analysis.plan import CrossRankPlan
 from tracekit.schema import COLUMN_NAMES
-
-if TYPE_CHECKING:
-    from tracekit.analysis.crossrank import CrossRankPlan
 
 __all__ = ["Analysis", "ColumnUse", "RESERVED_SECTIONS", "PartContext", "FinishContext", "FindingsContext", "Finished", "register", "unregister",
            "declare_columns", "analyses", "get", "declared_columns", "findings_order", "resolve_options", "keyword_defaults", "records",
@@ -44,7 +42,7 @@ Rows = Literal["window", "observed"]
 
 @dataclass(frozen=True)
 class _Context:
-    """What every context holds: the cross-rank plan (:class:`tracekit.analysis.crossrank.CrossRankPlan`)."""
+    """What every context holds: the cross-rank plan (:class:`tracekit.analysis.plan.CrossRankPlan`)."""
 
     plan: CrossRankPlan
 
@@ -135,8 +133,6 @@ RESERVED_SECTIONS = frozenset({"schema_version", "trace_schema_version", "world_
                                "overall", "top_kernels", "uncategorized_top", "findings", "quality", "next_win", "trace"})
 _ANALYSES: dict[str, Analysis] = {}
 _USES: dict[str, ColumnUse] = {}
-#: modules of tracekit.analysis that drive the analyses or are not per-rank analyses (never imported by :func:`analyses`)
-_NOT_ANALYSES = frozenset({"registry", "crossrank", "pipeline", "result", "diff", "nextwin"})
 _loaded = False
 
 
@@ -173,16 +169,16 @@ def declare_columns(name: str, columns: tuple[str, ...]) -> ColumnUse:
 
 
 def _load() -> None:
-    """Import every module of this package once, so each one's registrations run."""
+    """Import every module of :mod:`tracekit.analysis.passes` once, so each one's registrations run."""
     global _loaded
     if _loaded:
         return
     _loaded = True
-    import tracekit.analysis as pkg
+    import tracekit.analysis.passes as pkg
 
     for m in pkgutil.iter_modules(pkg.__path__):
-        if not m.name.startswith("_") and m.name not in _NOT_ANALYSES:
-            importlib.import_module(f"tracekit.analysis.{m.name}")
+        if not m.name.startswith("_"):
+            importlib.import_module(f"tracekit.analysis.passes.{m.name}")
 
 
 def analyses() -> tuple[Analysis, ...]:

@@ -1,6 +1,6 @@
 """The analysis result: one typed object that every view reads.
 
-:func:`tracekit.analysis.pipeline.run_analysis` decides the window once, matches the
+:func:`tracekit.analysis.stage.pipeline.run_analysis` decides the window once, matches the
 collectives once, builds the step table and the breakdown once, and returns an
 :class:`AnalysisResult`. ``analyze --json`` is :meth:`AnalysisResult.to_json` (the stable
 object of docs/analyze_json.md); ``diff`` compares two results; ``timeline``, ``export``,
@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 import polars as pl
 
-from tracekit.analysis.window import Window
+from tracekit.core.window import Window
 
 __all__ = ["AnalysisResult", "INSTANCE_VIEW_COLUMNS", "instances_in_input_time"]
 
@@ -109,7 +109,7 @@ class AnalysisResult:
         return float(st["tokens"].sum() or 0) / (dur * 1e-9) if dur > 0 else None
 
     def collective_wait_ns(self) -> dict[int, int]:
-        """Total collective wait per rank (the one definition: :mod:`tracekit.analysis.collectives`)."""
+        """Total collective wait per rank (the one definition: :mod:`tracekit.core.collectives`)."""
         if self.instances.height == 0:
             return {}
         t = self.instances.group_by("rank").agg(pl.col("wait_ns").sum()).sort("rank")

@@ -169,7 +169,7 @@ def _window_telemetry(counters: pl.DataFrame, windows: pl.DataFrame) -> list[dic
     """Mean of each counter per (rank, window): counter samples located with the interval primitive."""
     if counters.height == 0 or windows.height == 0:
         return []
-    from tracekit.analysis.intervals import covered_by
+    from tracekit.core.intervals import covered_by
 
     pts = counters.select(pl.col("rank").cast(pl.Int32), "ts_ns", pl.col("name").cast(pl.String), "value")
     iv = windows.select(pl.col("rank").cast(pl.Int32), pl.col("start_ns").alias("start"), (pl.col("end_ns") + 1).alias("end"), "window")

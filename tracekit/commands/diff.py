@@ -43,7 +43,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Compare two captures: time per category, step time p50/p90, tokens/s, collective transfer vs wait,
         power, the kernels whose time changed most, and a short verdict."""
-        from tracekit.analysis.diff import diff_runs, summarize_result
+        from tracekit.compare.diff import diff_runs, summarize_result
         from tracekit.api import analyze_result
         from tracekit.schema import atomic_path
 

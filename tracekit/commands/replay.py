@@ -53,6 +53,6 @@ def register(app: typer.Typer) -> None:
             json.dump(res.to_json(), sys.stdout, indent=1, default=str)
             sys.stdout.write("\n")
         elif not as_json:
-            from tracekit.replay.render import render_replay
+            from tracekit.report.replay_terminal import render_replay
 
             render_replay(res)

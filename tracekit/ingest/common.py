@@ -31,7 +31,7 @@ import polars as pl
 
 from tracekit import _interrupt
 from tracekit._frames import NAME_CODE, aligned, attach, attach_rows, distinct_names, row_index  # noqa: F401
-from tracekit.analysis.intervals import covered_by
+from tracekit.core.intervals import covered_by
 from tracekit.categories import RuleSet, default_rules
 from tracekit.ingest.moe_structure import apply_moe_structure
 from tracekit.schema import conform

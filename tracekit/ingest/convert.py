@@ -281,7 +281,7 @@ def _part_summary(df: pl.DataFrame, comm_path: str, out_label: str) -> dict[str,
     """What the parent needs from a part besides its rows: collective rows (clock alignment, a small
     Parquet file), traced steps (dedupe of capture-side step records), step-id and collective
     sequence ranges (several windows of one rank)."""
-    from tracekit.analysis.window import SMALL_COLUMNS
+    from tracekit.core.window import SMALL_COLUMNS
 
     comm = df.lazy().filter(COMM).select(SMALL_COLUMNS).collect()  # the 20 columns alignment reads, not a copy of all 49
     comm_part = None
@@ -644,7 +644,7 @@ def _align(metas: list[dict[str, Any]], ranks: list[int], quality: QualityLog, e
     if not enabled or len(ranks) < 2:
         return {}, {"applied": False, "reason": "single rank" if len(ranks) < 2 else "disabled"}
     try:
-        from tracekit.analysis.align import align_clocks
+        from tracekit.core.align import align_clocks
     except ImportError:
         return {}, {"applied": False, "reason": "alignment unavailable"}
     comm_parts = [pl.read_parquet(m["comm_part"]) for m in metas if m.get("comm_part")]

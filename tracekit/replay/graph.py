@@ -37,8 +37,8 @@ import numpy as np
 import polars as pl
 
 from tracekit._errors import InputError, QualityLog
-from tracekit.analysis import blocking as _blocking
-from tracekit.analysis.collectives import collective_ops, match_collectives
+from tracekit.core import blocking as _blocking
+from tracekit.core.collectives import collective_ops, match_collectives
 from tracekit.dtypes import dtype_bytes_expr
 from tracekit.schema import CATEGORIES, GPU_OP_KINDS
 
@@ -69,7 +69,7 @@ VK_CPU, VK_SYNC_END, VK_GPU, VK_RDV, VK_STEP_START, VK_STEP_END = range(6)
 ET_CPU, ET_LAUNCH, ET_FIFO, ET_EVENT, ET_SYNC_SELF, ET_SYNC_WAIT, ET_RDV = range(7)
 NEG = -(1 << 60)  # "minus infinity" in integer ns
 
-#: Blocking host calls and what they wait for (the one list: :mod:`tracekit.analysis.blocking`).
+#: Blocking host calls and what they wait for (the one list: :mod:`tracekit.core.blocking`).
 BLOCKING_CALLS = _blocking.BLOCKING_CALLS
 _EVENT_RECORD = _blocking.EVENT_RECORD_CALLS
 _STREAM_WAIT = _blocking.STREAM_WAIT_CALLS
@@ -231,7 +231,7 @@ def build_graph(df: pl.DataFrame, instances: pl.DataFrame | None = None) -> Repl
 
     ``instances``: matched collective instances on the trace's clock (``rank, arrival_ns, dur_ns, pg, seq,
     transfer_ns``: :meth:`tracekit.analysis.result.AnalysisResult.instances_in_input_time`); default: matched
-    here by :func:`tracekit.analysis.collectives.match_collectives`.
+    here by :func:`tracekit.core.collectives.match_collectives`.
 
     Raises :class:`InputError` when the frame has no GPU ops or no CUDA runtime
     calls (replay needs both, i.e. a torch.profiler/Kineto or nsys trace with
@@ -435,7 +435,7 @@ def _collective_instances(ops: pl.DataFrame, q: QualityLog, n_ranks: int, origin
     """Collective instances of the graph's ops and the instance index per op row (-1 if none).
 
     Which ops form one instance, and its transfer (min duration over the instance's ranks), come from the one
-    matching, :func:`tracekit.analysis.collectives.match_collectives`: ``matched`` when the caller has it (the
+    matching, :func:`tracekit.core.collectives.match_collectives`: ``matched`` when the caller has it (the
     analysis' instances on the trace's clock: ``rank, arrival_ns, dur_ns, pg, seq, transfer_ns``), else computed
     here from the ops; collective ops ``matched`` does not hold (outside the analysis window) are matched among
     themselves. Name, family, bytes and group size are the members' own metadata.

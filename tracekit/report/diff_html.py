@@ -1,4 +1,4 @@
-"""Self-contained HTML page of a :class:`tracekit.analysis.diff.DiffResult`.
+"""Self-contained HTML page of a :class:`tracekit.compare.diff.DiffResult`.
 
 No scripts, no external resources: inline CSS and inline SVG bars, so it opens
 offline and cannot execute anything from a trace. Every string that comes from

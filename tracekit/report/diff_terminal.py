@@ -1,4 +1,4 @@
-"""Terminal rendering of a :class:`tracekit.analysis.diff.DiffResult` (rich tables, no computation)."""
+"""Terminal rendering of a :class:`tracekit.compare.diff.DiffResult` (rich tables, no computation)."""
 
 from __future__ import annotations
 

@@ -150,7 +150,7 @@ def _collective_flows(ops: pl.DataFrame, stream_tid: pl.DataFrame, analysis: Map
     """Flow pairs (s → f) chaining each collective instance's ops across ranks in arrival order.
 
     Instances from ``analysis['collective_instances']`` (the analysis' matching,
-    :func:`tracekit.analysis.collectives.match_collectives`) when given, else the frame's
+    :func:`tracekit.core.collectives.match_collectives`) when given, else the frame's
     ``pg_name`` + ``coll_seq``. Each end lies inside its slice *as exported* (slices are
     clipped to the next op on their stream): the start at the next rank's arrival (clipped
     into the slice, so a flow never runs backwards), the end at the middle of the next slice.

@@ -20,10 +20,10 @@ import numpy as np
 import polars as pl
 
 from tracekit._errors import UsageError
-from tracekit.analysis.intervals import covered_by, merge
-from tracekit.analysis.window import cpu_mode_ranks, device_op_expr, observed_spans, trace_overview
+from tracekit.core.intervals import covered_by, merge
+from tracekit.core.window import cpu_mode_ranks, device_op_expr, observed_spans, trace_overview
 from tracekit.schema import CATEGORIES, GPU_OP_KINDS
-from tracekit.analysis.window import parse_time_spec
+from tracekit.core.window import parse_time_spec
 from tracekit.report.palette import CATEGORY_COLORS
 from tracekit.report.palette import EXTRA_COLORS as _EXTRA_COLORS
 
@@ -92,7 +92,7 @@ class Window:
 
 
 def parse_window(text: str) -> tuple[int, int]:
-    """``"12.30s:12.45s"`` → (start, end) ns relative to capture start (:func:`tracekit.analysis.window.parse_time_spec`)."""
+    """``"12.30s:12.45s"`` → (start, end) ns relative to capture start (:func:`tracekit.core.window.parse_time_spec`)."""
     return parse_time_spec(text)
 
 
@@ -115,7 +115,7 @@ def capture_bounds(df: pl.DataFrame, meta: Mapping[str, Any] | None) -> tuple[in
 def gpu_ops(df: pl.DataFrame) -> pl.DataFrame:
     """Device work with a non-null ``category`` and lane keys ``device`` / ``stream``.
 
-    Device work is what the analysis counts (:func:`tracekit.analysis.window.device_ops`):
+    Device work is what the analysis counts (:func:`tracekit.core.window.device_ops`):
     GPU ops, or on a CPU-mode rank its categorized forward-thread operators and gloo
     collective ranges (docs/cpu_mode.md). GPU memcpy/memset default to memory, kernels to
     other_compute. CPU-mode rows get ``device = CPU_LANE`` and ``stream = tid`` (one lane
@@ -145,7 +145,7 @@ CPU_LANE = -2
 def profiled_spans(df: pl.DataFrame, meta: Mapping[str, Any] | None) -> list[tuple[int, int]]:
     """The stretches that were profiled, absolute ns, sorted and disjoint.
 
-    The analysis' window owner decides (:func:`tracekit.analysis.window.observed_spans`):
+    The analysis' window owner decides (:func:`tracekit.core.window.observed_spans`):
     the profiler windows of a windowed capture, each extended to the end of the work
     launched inside it; with at most one window, the extent of the device work.
     """
@@ -256,7 +256,7 @@ def steps_in_spans(df: pl.DataFrame, spans: Sequence[tuple[int, int]]) -> pl.Dat
     """Step rows (``dur_ns > 0``, not marked unprofiled) whose midpoint lies inside a profiled span.
 
     Adds ``span_i`` (index into ``spans``); the containment test is the interval
-    primitive :func:`tracekit.analysis.intervals.covered_by`.
+    primitive :func:`tracekit.core.intervals.covered_by`.
     """
     kind = pl.col("kind").cast(pl.String)
     st = df.filter((kind == "step") & (pl.col("dur_ns") > 0) & pl.col("profiled").fill_null(True))

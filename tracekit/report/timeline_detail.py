@@ -57,7 +57,7 @@ def collective_instances(ops_all: pl.DataFrame, analysis: Mapping[str, Any] | No
 
     From ``analysis['collective_instances']`` (list of dicts or frame with rank,
     arrival_ns, pg, seq, wait_ns, ...: the analysis result's matching) when given, else
-    :func:`tracekit.analysis.collectives.match_collectives` on the frame (the one wait definition).
+    :func:`tracekit.core.collectives.match_collectives` on the frame (the one wait definition).
     """
     schema = {"rank": pl.Int64, "ts_ns": pl.Int64, "pg": pl.String, "seq": pl.Int64, "wait_ns": pl.Int64,
               "late_rank": pl.Int64, "n_ranks": pl.Int64}
@@ -74,8 +74,8 @@ def collective_instances(ops_all: pl.DataFrame, analysis: Mapping[str, Any] | No
                     pl.col("late_rank").cast(pl.Int64), pl.col("n_ranks").cast(pl.Int64))
         except (TypeError, ValueError, pl.exceptions.PolarsError):
             pass
-    # no analysis given: the one matching (tracekit.analysis.collectives), never a second definition of wait
-    from tracekit.analysis.collectives import match_collectives
+    # no analysis given: the one matching (tracekit.core.collectives), never a second definition of wait
+    from tracekit.core.collectives import match_collectives
 
     if not {"rank", "kind", "ts_ns", "dur_ns", "category"} <= set(ops_all.columns):
         return pl.DataFrame(schema=schema)

@@ -12,7 +12,7 @@ FLOPs (2 per multiply-add): ``mm``/``addmm``/``_scaled_mm`` [M,K]×[K,N] → 2MK
 GEMMs (``_grouped_mm``) [T,K]×[E,K,N] → 2TKN. Bytes = operands + result at the
 operand dtype's size (a lower bound of DRAM traffic). Roofline ceiling =
 min(peak FLOP/s of the dtype, arithmetic intensity × HBM bandwidth) from
-:mod:`tracekit.analysis.gpus`; ``efficiency`` = achieved / ceiling. MoE GEMMs below
+:mod:`tracekit.core.gpus`; ``efficiency`` = achieved / ceiling. MoE GEMMs below
 ``flag_below`` of their ceiling are flagged as likely untuned.
 """
 
@@ -25,13 +25,13 @@ from typing import Any, Mapping
 
 import polars as pl
 
-from tracekit.analysis import intervals as iv
-from tracekit.analysis._num import fdiv, seq_sum
+from tracekit.core import intervals as iv
+from tracekit.core._num import fdiv, seq_sum
 from tracekit.analysis.findings import Finding, efficiency_candidates
 from tracekit.analysis.registry import Analysis, FindingsContext, FinishContext, Finished, keyword_defaults, records, register
-from tracekit.analysis.window import cpu_device_expr, cpu_mode_ranks
+from tracekit.core.window import cpu_device_expr, cpu_mode_ranks
 from tracekit.dtypes import dtype_bytes
-from tracekit.analysis.gpus import GpuPeaks, gpu_peaks, peak_flops_per_s, rank_gpu_info
+from tracekit.core.gpus import GpuPeaks, gpu_peaks, peak_flops_per_s, rank_gpu_info
 
 __all__ = ["kernel_efficiency", "efficiency_finish", "gemm_flops_bytes", "GEMM_OPS", "moe_gemm_part", "moe_gemm_finish",
            "moe_gemm_findings", "workload_moe_shape"]

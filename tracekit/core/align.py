@@ -19,8 +19,8 @@ from typing import Any, Iterator, Mapping
 import polars as pl
 
 from tracekit._errors import Quality, QualityLog
-from tracekit.analysis.collectives import match_collectives
-from tracekit.analysis._num import as_int
+from tracekit.core.collectives import match_collectives
+from tracekit.core._num import as_int
 
 __all__ = ["AlignResult", "align_clocks", "solve_clock_offsets", "apply_offsets", "RESIDUAL_WARN_NS"]
 

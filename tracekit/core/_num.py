@@ -3,7 +3,7 @@
 polars picks a summation kernel by layout (one chunk or several, sorted fast paths,
 group slices vs. gathered groups), and float addition is not associative: the same values
 in the same order can sum to results a few ulps apart. The analyses run both on whole
-frames and on one rank's rows read from a scan (``tracekit.analysis.pipeline``), and the two
+frames and on one rank's rows read from a scan (``tracekit.analysis.stage.pipeline``), and the two
 must agree exactly, so float sums and means of per-rank data use a sequential cumulative
 sum: one fixed evaluation order (row order), whatever the layout.
 """

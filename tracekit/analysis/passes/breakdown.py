@@ -21,8 +21,8 @@ from typing import Any
 
 import polars as pl
 
-from tracekit.analysis.intervals import in_spans, intersect
-from tracekit.analysis.window import Window, cpu_mode_ranks, device_op_expr
+from tracekit.core.intervals import in_spans, intersect
+from tracekit.core.window import Window, cpu_mode_ranks, device_op_expr
 
 __all__ = ["PRIORITY", "SPLIT_PRIORITY", "Breakdown", "compute_breakdown", "breakdown_finish", "top_kernels", "uncategorized_top",
            "kernel_totals", "merge_kernel_totals"]

@@ -19,9 +19,9 @@ from typing import Any
 import polars as pl
 
 from tracekit._errors import Quality, QualityLog
-from tracekit.analysis import intervals as iv
+from tracekit.core import intervals as iv
 from tracekit.analysis.findings import step_candidates
-from tracekit.analysis.gaps import gpu_ops
+from tracekit.analysis.passes.gaps import gpu_ops
 from tracekit.analysis.registry import Analysis, FinishContext, Finished, register
 from tracekit.schema import CATEGORIES
 

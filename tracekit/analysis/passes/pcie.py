@@ -24,11 +24,11 @@ from typing import Any, Mapping
 
 import polars as pl
 
-from tracekit.analysis import intervals as iv
-from tracekit.analysis._num import fdiv, seq_mean
+from tracekit.core import intervals as iv
+from tracekit.core._num import fdiv, seq_mean
 from tracekit.analysis.findings import pcie_candidates
-from tracekit.analysis.gaps import gpu_ops
-from tracekit.analysis.gpus import rank_gpu_info
+from tracekit.analysis.passes.gaps import gpu_ops
+from tracekit.core.gpus import rank_gpu_info
 from tracekit.analysis.registry import Analysis, FinishContext, Finished, PartContext, keyword_defaults, records, register
 
 __all__ = ["pcie_phases", "pcie_part", "pcie_finish", "PciePart", "PHASE_COLUMNS"]

@@ -22,12 +22,12 @@ from typing import Any, Mapping
 
 import polars as pl
 
-from tracekit.analysis import intervals as iv
-from tracekit.analysis._num import fdiv, seq_mean
-from tracekit.analysis.collectives import collective_ops
+from tracekit.core import intervals as iv
+from tracekit.core._num import fdiv, seq_mean
+from tracekit.core.collectives import collective_ops
 from tracekit.analysis.findings import power_candidates
-from tracekit.analysis.gaps import gpu_ops
-from tracekit.analysis.gpus import rank_gpu_info
+from tracekit.analysis.passes.gaps import gpu_ops
+from tracekit.core.gpus import rank_gpu_info
 from tracekit.analysis.registry import Analysis, FinishContext, Finished, PartContext, keyword_defaults, register
 
 __all__ = ["PowerResult", "power_verdicts", "power_part", "power_finish"]

@@ -98,7 +98,7 @@ class DiffResult:
 # --------------------------------------------------------------------------------------------- one run
 # A run is its analysis result (tracekit.analysis.result.AnalysisResult): the same window (profiler
 # windows, transient trim), the same collective matching (wait/transfer as defined in
-# tracekit.analysis.collectives), the same step table and tokens/s as `tracekit analyze`.
+# tracekit.core.collectives), the same step table and tokens/s as `tracekit analyze`.
 
 
 def _buckets(res: AnalysisResult) -> tuple[dict[str, float], float, float]:
@@ -195,9 +195,9 @@ def summarize_result(res: AnalysisResult, *, label: str = "run", counters: pl.Da
 
 def summarize_run(df: pl.DataFrame, meta: Mapping[str, Any] | None = None, *, label: str = "run") -> RunSummary:
     """Analyze one finalized trace frame (all ranks) and reduce it to a :class:`RunSummary`."""
-    from tracekit.api import analyze_frame_result
+    from tracekit.analysis.stage.pipeline import FrameSource, run_analysis
 
-    res = analyze_frame_result(df, dict(meta or {}))
+    res = run_analysis(FrameSource(df), dict(meta or {}))  # a summary reads no advice: no next-win replay
     return summarize_result(res, label=label, counters=df.filter(pl.col("kind").cast(pl.String) == "counter"))
 
 
@@ -399,7 +399,7 @@ def diff_runs(
         q.add("diff_steps_one_side", "only one run has step rows; times compared per window, not per step")
     if b.ranks and a.ranks and len(b.ranks) != len(a.ranks):
         q.add("diff_rank_count", f"runs have different rank counts ({len(b.ranks)} vs {len(a.ranks)}); times are per-rank means")
-    from tracekit.analysis.comparable import comparability_notes
+    from tracekit.compare.comparable import comparability_notes
 
     for code, msg in comparability_notes(before_meta, after_meta, before_kernels=b.kernels, after_kernels=a.kernels, labels=labels):
         q.add(code, msg)  # device / source format / workload shape differ: say what the comparison still means

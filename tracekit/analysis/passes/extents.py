@@ -1,7 +1,7 @@
 """Per-rank extents of the window: what the findings and the interconnect verdict measure shares against.
 
 The ``extents`` analysis (no JSON section): per rank, the extent of its device ops inside the analysed rows
-(first start → last end; :func:`tracekit.analysis.window.device_op_expr`), whether the window holds rows but no
+(first start → last end; :func:`tracekit.core.window.device_op_expr`), whether the window holds rows but no
 GPU op (CPU mode), and, for a windowed capture, the recorded time per rank (the profiler windows' total).
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from tracekit.analysis.registry import Analysis, FinishContext, Finished, PartContext, concat, register
-from tracekit.analysis.window import cpu_mode_ranks, device_op_expr
+from tracekit.core.window import cpu_mode_ranks, device_op_expr
 
 __all__ = ["Extents", "ExtentPart"]
 

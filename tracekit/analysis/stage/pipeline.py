@@ -12,43 +12,48 @@ One driver, two sources:
 
 Steps (docs/scale.md §2):
 
-1. **overview** (:func:`tracekit.analysis.window.trace_overview`): per-rank aggregates (row count,
+1. **overview** (:func:`tracekit.core.window.trace_overview`): per-rank aggregates (row count,
    first timestamp, extent of device ops, CPU mode) and the small rows (collective kernels, steps)
    of every rank — two lazy queries;
-2. **window** (:func:`tracekit.analysis.window.select_window`) from the overview (plus one lazy
+2. **window** (:func:`tracekit.core.window.select_window`) from the overview (plus one lazy
    aggregate for ``skip_steps`` / profiler windows);
-3. **cross-rank plan** (:func:`tracekit.analysis.crossrank.cross_rank_plan`): collective matching,
+3. **cross-rank plan** (:func:`tracekit.analysis.stage.crossrank.cross_rank_plan`): collective matching,
    clock offsets, communication split, stall candidates — on the small rows only;
 4. **map**, per rank: breakdown (:func:`compute_breakdown`), kernel totals (:func:`kernel_totals`)
-   and :func:`tracekit.analysis.crossrank.cross_rank_part` (every registered analysis' part: stall
+   and :func:`tracekit.analysis.stage.crossrank.cross_rank_part` (every registered analysis' part: stall
    inputs, idle causes, PCIe, power, steps, kernel efficiency, MoE GEMMs, expert load, extents); each
    keeps only small outputs;
 5. **reduce**: :func:`breakdown_finish`, :func:`merge_kernel_totals` (exact sums; top-N after the
-   sum) and :func:`tracekit.analysis.crossrank.cross_rank_finish` (every registered analysis' finish,
+   sum) and :func:`tracekit.analysis.stage.crossrank.cross_rank_finish` (every registered analysis' finish,
    exact: percentiles over the full step table, stall causes from every rank's inputs; then their
-   findings through the one ranker); ``next_win`` runs after the finish (:func:`_add_next_win`).
+   findings through the one ranker);
+6. **after the finish**, the stages the caller passes (``after``): the advice layer's next win
+   (:func:`tracekit.advice.nextwin.next_win_stage`, passed by :mod:`tracekit.api`) reads the finished
+   sections, replays and adds its section and finding. The pipeline imports no layer above analysis.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import polars as pl
 
 from tracekit import _interrupt
 from tracekit._errors import InputError, QualityLog, UsageError
-from tracekit.analysis.breakdown import (breakdown_finish, compute_breakdown, kernel_totals, merge_kernel_totals, top_kernels,
+from tracekit.analysis.passes.breakdown import (breakdown_finish, compute_breakdown, kernel_totals, merge_kernel_totals, top_kernels,
                                          uncategorized_top)
-from tracekit.analysis.findings import basic_candidates, rank_findings
-from tracekit.analysis.gaps import SYNC_REGEX, host_activity
+from tracekit.analysis.findings import Finding, basic_candidates, rank_findings
+from tracekit.analysis.passes.gaps import SYNC_REGEX, host_activity
+from tracekit.analysis.plan import CrossRankPlan
 from tracekit.analysis.registry import declare_columns, declared_columns
 from tracekit.analysis.result import AnalysisResult
 from tracekit.schema import first_line
-from tracekit.analysis.window import Window, parse_time_range, select_window, trace_overview
+from tracekit.core.window import Overview, Window, parse_time_range, select_window, trace_overview
 
-__all__ = ["analysis_columns", "analysis_rows_expr", "FrameSource", "ScanSource", "run_analysis", "ANALYSIS_VERSION"]
+__all__ = ["analysis_columns", "analysis_rows_expr", "FrameSource", "ScanSource", "run_analysis", "ANALYSIS_VERSION",
+           "FinishedRun", "StageOutput", "AfterFinish", "collect_trace"]
 
 #: Version of the analyze JSON object (bumped on incompatible changes).
 ANALYSIS_VERSION = 1
@@ -63,7 +68,7 @@ def analysis_columns() -> list[str]:
     """The columns any analysis of ``tracekit analyze`` reads: the union of what every registered
     analysis and every stage declares (:func:`tracekit.analysis.registry.declared_columns`), in the
     trace schema's order; a scan projects each rank's rows to these."""
-    from tracekit.analysis import crossrank  # noqa: F401 - its stage declares the columns it reads
+    from tracekit.analysis.stage import crossrank  # noqa: F401 - its stage declares the columns it reads
 
     return declared_columns()
 
@@ -77,7 +82,7 @@ def __getattr__(name: str) -> Any:
 def analysis_rows_expr(sync_names: list[str] | None = None) -> pl.Expr:
     """The rows any analysis reads: GPU ops, steps, counters, categorized or ruled rows (CPU mode,
     host readbacks), CPU operators with shapes (kernel efficiency) and blocking runtime calls
-    (``sync_names``: the runtime names matching :data:`tracekit.analysis.gaps.SYNC_REGEX`; default:
+    (``sync_names``: the runtime names matching :data:`tracekit.analysis.passes.gaps.SYNC_REGEX`; default:
     the regex on every row).
 
     Launch calls (``cudaLaunchKernel`` ...) and plain CPU operators — two thirds of a typical
@@ -108,7 +113,7 @@ class FrameSource:
         yield None, self.df
 
     def host(self, ranks: list[int] | None) -> pl.DataFrame:
-        """Host activity (:func:`tracekit.analysis.gaps.host_activity`) of ``ranks`` (all when None)."""
+        """Host activity (:func:`tracekit.analysis.passes.gaps.host_activity`) of ``ranks`` (all when None)."""
         return host_activity(ranks_filter(self.df.lazy(), ranks))
 
 
@@ -129,9 +134,9 @@ class ScanSource:
         for r in ranks:
             one = self.lf.filter(pl.col("rank") == r)
             # blocking runtime calls: the regex runs on the rank's distinct runtime names, not on every row
-            names = _collect(one.filter(pl.col("kind") == "runtime").select(pl.col("name").unique()), self.path, rank=r)
+            names = collect_trace(one.filter(pl.col("kind") == "runtime").select(pl.col("name").unique()), self.path, rank=r)
             sync = names.filter(pl.col("name").cast(pl.String).str.contains(SYNC_REGEX))["name"].cast(pl.String).to_list()
-            yield [r], _collect(one.filter(analysis_rows_expr(sync)).select(cols), self.path, rank=r)
+            yield [r], collect_trace(one.filter(analysis_rows_expr(sync)).select(cols), self.path, rank=r)
 
     def host(self, ranks: list[int] | None) -> pl.DataFrame:
         """Host activity of ``ranks`` from a lazy scan of five columns (launch calls are not in the part)."""
@@ -168,7 +173,8 @@ def compact(obj: Any) -> Any:
     return obj
 
 
-def _collect(lf: pl.LazyFrame, path: Any, rank: int | None = None) -> pl.DataFrame:
+def collect_trace(lf: pl.LazyFrame, path: Any, rank: int | None = None) -> pl.DataFrame:
+    """``lf`` collected; a read error is an :class:`InputError` naming ``path`` (and ``rank``)."""
     try:
         return lf.collect()
     except Exception as e:  # noqa: BLE001
@@ -200,6 +206,30 @@ def _window_inside(tr: tuple[int, int], spec: str, origin: int, meta: Mapping[st
     return tr
 
 
+@dataclass(frozen=True)
+class FinishedRun:
+    """What a stage after the cross-rank finish reads: the source, its overview, the metadata, the finished
+    sections so far (JSON-ready, by key; ``_candidates``: the findings candidates) and the cross-rank plan."""
+
+    source: FrameSource | ScanSource
+    overview: Overview
+    meta: Mapping[str, Any]
+    sections: Mapping[str, Any]
+    plan: CrossRankPlan
+
+
+@dataclass(frozen=True)
+class StageOutput:
+    """What a stage after the finish adds: JSON sections (by key, appended in order) and findings candidates."""
+
+    sections: dict[str, Any]
+    findings: list[Finding]
+
+
+#: a stage after the cross-rank finish (:func:`run_analysis` ``after``)
+AfterFinish = Callable[[FinishedRun], StageOutput]
+
+
 def run_analysis(
     source: FrameSource | ScanSource,
     meta: Mapping[str, Any],
@@ -209,12 +239,12 @@ def run_analysis(
     trim_transient: bool = True,
     top: int = 5,
     cross_rank: bool = True,
-    next_win: bool = True,
+    after: Sequence[AfterFinish] = (),
 ) -> AnalysisResult:
     """The :class:`AnalysisResult` of ``source``; ``.to_json()`` is the analyze JSON object (docs/analyze_json.md).
 
-    ``next_win=False`` leaves the replayed ``next_win`` section out (``tracekit replay`` takes the window and the
-    matched collectives from the result and replays itself)."""
+    ``after``: stages run after the cross-rank finish (with ``cross_rank`` only), in order; each one's sections join
+    the JSON and its findings the one ranker (:mod:`tracekit.api` passes the next win)."""
     quality = QualityLog()
     for q in meta.get("quality") or []:
         quality.add(q.get("code", "note"), q.get("message", ""), severity=q.get("severity", "warning"), rank=q.get("rank"))
@@ -240,7 +270,7 @@ def run_analysis(
                         profiler_windows=pw, overview=ov)
     plan = None
     if cross_rank:
-        from tracekit.analysis import crossrank
+        from tracekit.analysis.stage import crossrank
 
         plan = crossrank.cross_rank_plan(ov.take_small(), meta, {"window": win, "quality": quality}, ranks=ov.all_ranks,
                                          cpu_ranks=ov.cpu_ranks)
@@ -260,9 +290,13 @@ def run_analysis(
         del df
     tables: dict[str, Any] = {}
     extra: dict[str, Any] = crossrank.cross_rank_finish(plan, cr_parts, tables) if plan is not None else {}
-    if plan is not None and next_win:
-        _interrupt.check("analyze")
-        _add_next_win(source, ov, meta, extra, plan)
+    if plan is not None:
+        for stage in after:
+            _interrupt.check("analyze")
+            out = stage(FinishedRun(source, ov, meta, extra, plan))
+            extra.update(out.sections)
+            if out.findings:
+                extra.setdefault("_candidates", []).extend(out.findings)
     bd = breakdown_finish(bd_parts, win, split=split)
     totals = merge_kernel_totals(kt_parts) if kt_parts else None
     sections = _result(meta, win, bd, totals, top, extra, quality)
@@ -322,35 +356,6 @@ def _result(meta: Mapping[str, Any], win: Window, bd: Any, totals: pl.DataFrame 
     res["findings"] = rank_findings(base + list(cands or []), residual_ns=resid)
     res["quality"] = _once([q.to_json() for q in quality])
     return res
-
-
-def _add_next_win(source: FrameSource | ScanSource, ov: Any, meta: Mapping[str, Any], extra: dict[str, Any], plan: Any = None) -> None:
-    """The ``next_win`` section (tracekit.analysis.nextwin) and its finding, through the one ranker.
-
-    Replay reads a bounded sample of the trace (:func:`tracekit.analysis.nextwin.replay_rows`: the whole trace up to
-    ``REPLAY_ROWS`` rows, else stretches of steps), one rank at a time, from the scan or the in-memory frame alike,
-    and takes the collective instances the analysis matched (``plan.view``, back on the trace's clock)."""
-    from tracekit.analysis.findings import Finding
-    from tracekit.analysis.nextwin import next_win, next_win_finding, replay_rows
-
-    cpu = bool(ov.cpu_ranks) and not bool(ov.ranks["has_gpu"].any())
-    view = {**extra, "device_mode": "cpu" if cpu else meta.get("device_mode", "gpu")}
-    df, info = None, None
-    if not cpu:
-        gpu = [int(r) for r in ov.ranks.filter(pl.col("has_gpu"))["rank"].to_list()]
-        path = getattr(source, "path", "trace")
-        df, info = replay_rows(source.lazy(), gpu, int(ov.ranks["rows"].sum()), collect=lambda q: _collect(q, path))
-    inst = None
-    if df is not None and plan is not None and plan.view is not None and plan.view.height:
-        from tracekit.analysis.result import instances_in_input_time
-
-        inst = instances_in_input_time(plan.view, plan.align.offsets_ns if plan.align.applied else {})
-    nw = next_win(df, meta, view, replayed=info, instances=inst)
-    del df, inst
-    extra["next_win"] = nw
-    s = next_win_finding(nw)
-    if s:
-        extra.setdefault("_candidates", []).append(Finding("next_win", s, 1e15))
 
 
 def _once(items: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -32,9 +32,12 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import polars as pl
 
-from tracekit.analysis.gpus import gpu_peaks
+from tracekit.analysis.findings import Finding
+from tracekit.analysis.result import instances_in_input_time
+from tracekit.analysis.stage.pipeline import FinishedRun, StageOutput, collect_trace
+from tracekit.core.gpus import gpu_peaks
 
-__all__ = ["candidates", "next_win", "next_win_finding", "replay_rows", "MAX_ROWS", "REPLAY_ROWS", "REPLAY_STEPS",
+__all__ = ["candidates", "next_win", "next_win_finding", "next_win_stage", "replay_rows", "MAX_ROWS", "REPLAY_ROWS", "REPLAY_STEPS",
            "REPLAY_SEGMENTS"]
 
 #: traces without profiled steps on some rank (replay then replays each rank as one step) and more rows than this
@@ -215,3 +218,27 @@ def next_win_finding(nw: Mapping[str, Any]) -> str | None:
     tail = f" Not predicted to shorten the step: {'; '.join(none)}." if none else ""
     return (f"Next win ({cal}, now {b['step_ns_p50'] / 1e6:.2f} ms per step{tps(b.get('tokens_per_s'))}): " + "; ".join(items)
             + "." + tail)
+
+
+def next_win_stage(run: FinishedRun) -> StageOutput:
+    """The ``next_win`` section and its finding, as a stage after the cross-rank finish
+    (:func:`tracekit.analysis.stage.pipeline.run_analysis` ``after``; the finding goes through the one ranker).
+
+    Replay reads a bounded sample of the trace (:func:`replay_rows`: the whole trace up to ``REPLAY_ROWS`` rows, else
+    stretches of steps), one rank at a time, from the scan or the in-memory frame alike, and takes the collective
+    instances the analysis matched (``plan.view``, back on the trace's clock)."""
+    ov, meta, plan = run.overview, run.meta, run.plan
+    cpu = bool(ov.cpu_ranks) and not bool(ov.ranks["has_gpu"].any())
+    view = {**run.sections, "device_mode": "cpu" if cpu else meta.get("device_mode", "gpu")}
+    df, info = None, None
+    if not cpu:
+        gpu = [int(r) for r in ov.ranks.filter(pl.col("has_gpu"))["rank"].to_list()]
+        path = getattr(run.source, "path", "trace")
+        df, info = replay_rows(run.source.lazy(), gpu, int(ov.ranks["rows"].sum()), collect=lambda q: collect_trace(q, path))
+    inst = None
+    if df is not None and plan.view is not None and plan.view.height:
+        inst = instances_in_input_time(plan.view, plan.align.offsets_ns if plan.align.applied else {})
+    nw = next_win(df, meta, view, replayed=info, instances=inst)
+    del df, inst
+    s = next_win_finding(nw)
+    return StageOutput({"next_win": nw}, [Finding("next_win", s, 1e15)] if s else [])

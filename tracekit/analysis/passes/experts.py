@@ -2,7 +2,7 @@
 
 Source: the per-expert loop's GEMM sizes with recorded shapes (``input_dims``). Every MoE GEMM kernel (category
 ``moe_gemm``) is joined to the GEMM operator that launched it (same rank and thread, launch inside the op's CPU range,
-as :mod:`tracekit.analysis.efficiency` does); the loop's *input projection* — the MoE GEMM signature with the largest
+as :mod:`tracekit.analysis.passes.efficiency` does); the loop's *input projection* — the MoE GEMM signature with the largest
 K (= hidden size) — has one instance per expert that received tokens, with M = that expert's token count. A step with
 T tokens routes T·k token-expert pairs per layer, so walking the step's input projections in launch order, the op
 whose running sum of M starts at ``j·T·k`` opens layer j (exact when every layer routes T·k pairs; a step whose total
@@ -21,8 +21,8 @@ from typing import Any, Mapping
 
 import polars as pl
 
-from tracekit.analysis import intervals as iv
-from tracekit.analysis.efficiency import GEMM_OPS
+from tracekit.core import intervals as iv
+from tracekit.analysis.passes.efficiency import GEMM_OPS
 from tracekit.analysis.findings import Finding
 from tracekit.analysis.registry import Analysis, FindingsContext, FinishContext, Finished, register
 

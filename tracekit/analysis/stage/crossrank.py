@@ -18,24 +18,25 @@ an analysis: a new one is a module that registers itself.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import polars as pl
 
 from tracekit._errors import QualityLog
-from tracekit.analysis.align import AlignResult, apply_offsets, solve_clock_offsets
-from tracekit.analysis.collectives import collective_ops, collective_quality, collective_summary, match_collectives, split_communication
+from tracekit.core.align import apply_offsets, solve_clock_offsets
+from tracekit.core.collectives import collective_ops, collective_quality, collective_summary, match_collectives
 from tracekit.analysis.findings import Finding, rank_findings
-from tracekit.analysis.intervals import in_spans
+from tracekit.core.intervals import in_spans
 from tracekit.analysis.registry import (Analysis, FindingsContext, FinishContext, Finished, PartContext, analyses, declare_columns,
                                         findings_order, resolve_options)
-from tracekit.analysis.stalls import MIN_REL_STEP, MIN_WAIT_NS, StallPlan, stall_plan, stall_steps
-from tracekit.analysis.steps import comm_wait_by_step
+from tracekit.analysis.passes.stalls import MIN_REL_STEP, MIN_WAIT_NS, stall_plan, stall_steps
+from tracekit.analysis.plan import CrossRankPlan
+from tracekit.analysis.passes.steps import comm_wait_by_step
 from tracekit.analysis.result import INSTANCE_VIEW_COLUMNS
-from tracekit.analysis.window import cpu_mode_ranks
+from tracekit.core.window import cpu_mode_ranks
 
-__all__ = ["cross_rank_sections", "cross_rank_plan", "cross_rank_part", "cross_rank_finish", "CrossRankPlan", "CrossRankPart",
+__all__ = ["cross_rank_sections", "cross_rank_plan", "cross_rank_part", "cross_rank_finish", "CrossRankPart",
            "section_keys"]
 
 #: what the part driver itself reads of a rank's rows: clock offsets, the window clip, the profiler-window filter
@@ -71,56 +72,6 @@ def _clip_rows(df: pl.DataFrame, lo: int | None, hi: int | None) -> pl.DataFrame
 
 
 @dataclass
-class CrossRankPlan:
-    """The cross-rank half of :func:`cross_rank_sections`, from the small cross-rank rows only.
-
-    ``inst``: matched instances (aligned time base) with arrival inside the window, only the
-    columns the per-rank analyses read (``name`` categorical); ``groups``, ``per_rank``,
-    ``instances``: the collective summaries, already computed; ``waits``: ``rank, arrival_ns, wait_ns``
-    of every instance in the input's time base (:meth:`comm_parts` splits each rank's collective
-    kernels with it); ``split``: whether the breakdown splits communication (some collective
-    kernel has a duration).
-    """
-
-    meta: Mapping[str, Any]
-    quality: QualityLog
-    max_items: int
-    lo: int | None
-    hi: int | None
-    spans: Any
-    align: AlignResult
-    inst: pl.DataFrame
-    groups: pl.DataFrame
-    per_rank: pl.DataFrame
-    instances: int
-    waits: pl.DataFrame
-    split: bool
-    cpu_ranks: list[int]
-    comm_wait: pl.DataFrame | None
-    stalls: StallPlan | None
-    min_wait: int
-    min_rel: float
-    #: matched instances in the window for the views (:data:`tracekit.analysis.result.INSTANCE_VIEW_COLUMNS`), aligned clock
-    view: pl.DataFrame | None = None
-    #: every registered analysis' options (defaults, overridden by ``opts["options"][name]``)
-    options: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    def comm_parts(self, df: pl.DataFrame, ranks: list[int] | None = None) -> pl.DataFrame:
-        """Wait/transfer intervals of the collective kernels in ``df`` (input time base) for the breakdown."""
-        w = self.waits if ranks is None else self.waits.filter(pl.col("rank").is_in(ranks))
-        return split_communication(df, w, cpu_ranks=self.cpu_ranks)
-
-    def options_of(self, a: Analysis) -> dict[str, Any]:
-        """``a``'s resolved options (its defaults when it was registered after this plan was made)."""
-        return self.options.get(a.name, dict(a.options))
-
-    def rank_instances(self, ranks: list[int] | None) -> pl.DataFrame:
-        """Instance rows of ``ranks`` (all when None) as :func:`match_collectives` types them."""
-        i = self.inst if ranks is None else self.inst.filter(pl.col("rank").is_in(ranks))
-        return i.with_columns(pl.col("name").cast(pl.String))
-
-
-@dataclass
 class CrossRankPart:
     """Small outputs of :func:`cross_rank_part` for the ranks of one frame: each registered analysis' part, by name."""
 
@@ -137,7 +88,7 @@ def cross_rank_plan(
 ) -> CrossRankPlan:
     """Collective matching, clock offsets, instance window, communication split and the stall plan.
 
-    ``small``: the trace's collective and step rows (:attr:`tracekit.analysis.window.Overview.small`,
+    ``small``: the trace's collective and step rows (:attr:`tracekit.core.window.Overview.small`,
     or a whole frame); ``ranks``/``cpu_ranks``: of the whole trace (default: from ``small``).
     ``opts`` as for :func:`cross_rank_sections`.
     """
@@ -191,6 +142,11 @@ def cross_rank_plan(
                          n_inst, waits, split, list(cpu_ranks), comm_wait, sp, min_wait, min_rel, view, options)
 
 
+def _options_of(plan: CrossRankPlan, a: Analysis) -> dict[str, Any]:
+    """``a``'s resolved options (its defaults when it was registered after ``plan`` was made)."""
+    return plan.options.get(a.name, dict(a.options))
+
+
 #: instance columns the per-rank analyses read (idle causes: waiting_on_peer; PCIe: collective phases)
 _INST_KEEP = ["rank", "name", "step_id", "arrival_ns", "end_ns", "wait_ns", "transfer_ns", "late_rank", "bus_bw_bytes_per_s"]
 
@@ -203,7 +159,7 @@ def cross_rank_part(df: pl.DataFrame, plan: CrossRankPlan, *, ranks: list[int] |
     (``ranks=None``), in the input's time base; the plan's clock offsets and window are applied here.
     ``rows="window"`` parts get the window's rows; then, for a windowed capture, the rows are cut to
     the profiler windows (the time between them was not recorded) for the ``rows="observed"`` parts.
-    ``host``: :func:`tracekit.analysis.gaps.host_activity` of the ranks (input time base) when ``df``
+    ``host``: :func:`tracekit.analysis.passes.gaps.host_activity` of the ranks (input time base) when ``df``
     does not hold every host row (a projected scan); default: from ``df``. ``only``: the names of the
     analyses to run (default: every registered one).
     """
@@ -220,7 +176,7 @@ def cross_rank_part(df: pl.DataFrame, plan: CrossRankPlan, *, ranks: list[int] |
 
     def run(a: Analysis, rows: pl.DataFrame, observed: dict[int, int] | None) -> None:
         assert a.part is not None
-        out[a.name] = a.part(rows, PartContext(plan, inst, host, observed, plan.options_of(a)))
+        out[a.name] = a.part(rows, PartContext(plan, inst, host, observed, _options_of(plan, a)))
 
     for a in listing:
         if a.rows == "window":
@@ -250,16 +206,16 @@ def cross_rank_finish(plan: CrossRankPlan, parts: list[CrossRankPart], tables: d
     out: dict[str, Any] = {}
     for a in listing:
         fin = a.finish([p.parts[a.name] for p in parts] if a.part is not None else [],
-                       FinishContext(plan, {n: done[n] for n in a.needs}, plan.options_of(a), plan.quality, tab))
+                       FinishContext(plan, {n: done[n] for n in a.needs}, _options_of(plan, a), plan.quality, tab))
         done[a.name] = fin
         out.update(fin.sections)
     cands: list[Finding] = []
     for a in findings_order(listing):
         assert a.findings is not None
         cands += a.findings(FindingsContext(plan, done[a.name], {n: done[n] for n in a.findings_needs},
-                                            plan.options_of(a)))
+                                            _options_of(plan, a)))
     out["findings"] = rank_findings(cands, residual_ns=plan.align.residual_ns)
-    out["_candidates"] = cands  # for the one ranker in :mod:`tracekit.analysis.pipeline` (not JSON)
+    out["_candidates"] = cands  # for the one ranker in :mod:`tracekit.analysis.stage.pipeline` (not JSON)
     return out
 
 

@@ -26,10 +26,10 @@ from __future__ import annotations
 import polars as pl
 
 from tracekit._errors import Quality, QualityLog
-from tracekit.analysis.window import cpu_device_expr, cpu_mode_ranks
+from tracekit.core.window import cpu_device_expr, cpu_mode_ranks
 from tracekit.dtypes import DTYPE_BYTES as _DTYPE_BYTES
 from tracekit.dtypes import dtype_bytes_expr
-from tracekit.analysis._num import as_int
+from tracekit.core._num import as_int
 
 __all__ = [
     "collective_ops",
@@ -59,7 +59,7 @@ def collective_ops(df: pl.DataFrame, *, cpu_ranks: list[int] | None = None) -> p
     in CPU mode gloo's one range per collective (docs/cpu_mode.md; the issuing ``c10d::`` op has no category).
 
     ``cpu_ranks``: the CPU-mode ranks of the whole trace when ``df`` holds only some of its rows
-    (the small cross-rank rows of :class:`tracekit.analysis.window.Overview`); default: from ``df``.
+    (the small cross-rank rows of :class:`tracekit.core.window.Overview`); default: from ``df``.
     """
     fam = pl.col("family").cast(pl.String)
     is_coll = (pl.col("category") == "communication") | fam.str.contains(_COMM_FAMILY)

@@ -42,17 +42,17 @@ from typing import Any, Mapping
 
 import polars as pl
 
-from tracekit.analysis import intervals as iv
-from tracekit.analysis.blocking import SYNC_REGEX as _SYNC_REGEX
+from tracekit.core import intervals as iv
+from tracekit.core.blocking import SYNC_REGEX as _SYNC_REGEX
 from tracekit.analysis.findings import Finding, idle_candidates
 from tracekit.analysis.registry import (Analysis, FindingsContext, FinishContext, Finished, PartContext, concat, keyword_defaults,
                                         records, register)
-from tracekit.analysis.window import cpu_mode_ranks, device_op_expr
+from tracekit.core.window import cpu_mode_ranks, device_op_expr
 from tracekit.schema import GPU_OP_KINDS
 
 __all__ = ["IdleCauses", "idle_causes", "host_activity", "gpu_ops", "sync_calls", "busy_before", "asof", "SYNC_REGEX", "IDLE_CAUSES", "CPU_SYNC_FAMILY"]
 
-#: blocking host calls, CUDA and HIP (the one list: :mod:`tracekit.analysis.blocking`)
+#: blocking host calls, CUDA and HIP (the one list: :mod:`tracekit.core.blocking`)
 SYNC_REGEX = _SYNC_REGEX
 IDLE_CAUSES = ("between_steps", "host_sync", "launch_bound", "host_idle", "other", "waiting_on_peer")
 #: a stretch of at least this long with no traced host call on the launching thread is host idle
@@ -70,7 +70,7 @@ _GAPS_SCHEMA = {"rank": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "dur
 
 
 def gpu_ops(df: pl.DataFrame, columns: list[str] | None = None) -> pl.DataFrame:
-    """Device op rows (GPU ops, or CPU-mode rows: :func:`tracekit.analysis.window.device_op_expr`)
+    """Device op rows (GPU ops, or CPU-mode rows: :func:`tracekit.core.window.device_op_expr`)
     with ``start``/``end`` columns, rank as Int64; only ``columns`` (+ rank, start, end) when given."""
     q = df.lazy().filter(device_op_expr(cpu_mode_ranks(df)) & (pl.col("dur_ns") >= 0))
     if columns is not None:

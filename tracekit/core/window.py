@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from tracekit._errors import QualityLog, UsageError
-from tracekit.analysis._num import as_int
+from tracekit.core._num import as_int
 
 __all__ = ["Window", "select_window", "observed_spans", "transient_end_ns", "gpu_ops", "device_ops", "device_op_expr",
            "cpu_device_expr", "cpu_mode_ranks", "parse_time_range", "Overview", "trace_overview", "small_rows_expr", "SMALL_COLUMNS"]

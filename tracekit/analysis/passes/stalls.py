@@ -27,13 +27,14 @@ from typing import Any
 
 import polars as pl
 
-from tracekit.analysis import intervals as iv
+from tracekit.core import intervals as iv
 from tracekit.analysis.findings import Finding, clock_candidates, stall_candidates
-from tracekit.analysis.gaps import asof, busy_before, gpu_ops, sync_calls
+from tracekit.analysis.passes.gaps import asof, busy_before, gpu_ops, sync_calls
+from tracekit.analysis.plan import StallPlan
 from tracekit.analysis.registry import Analysis, FindingsContext, FinishContext, Finished, PartContext, records, register
 
 __all__ = ["detect_stalls", "stall_summary", "lost_by_rank", "STALL_CAUSES", "MIN_WAIT_NS", "MIN_REL_STEP",
-           "StallPlan", "StallPart", "stall_plan", "stall_part", "stall_finish", "stall_steps", "empty_stalls"]
+           "StallPart", "stall_plan", "stall_part", "stall_finish", "stall_steps", "empty_stalls"]
 
 STALL_CAUSES = ("delayed_forward", "host_sync", "cpu_launch_gap", "preceding_kernels")
 MIN_WAIT_NS = 50_000
@@ -51,22 +52,6 @@ def stall_steps(df: pl.DataFrame) -> pl.DataFrame:
     return df.filter(pl.col("kind") == "step").select(
         pl.col("rank").cast(pl.Int64), pl.col("step_id"), pl.col("ts_ns").alias("st_start"), pl.col("dur_ns").alias("st_dur")
     )
-
-
-@dataclass
-class StallPlan:
-    """The cross-rank half of :func:`detect_stalls`, from the instance table and the step rows only.
-
-    ``cand``: (instance, waiting rank) rows above the thresholds; ``li``: one row per instance
-    (late and first rank, their arrivals and previous sync points, step starts); ``pts``: the
-    time points whose busy-before value each rank must supply (``pg, seq, k, rank, t``).
-    """
-
-    cand: pl.DataFrame
-    li: pl.DataFrame
-    pts: pl.DataFrame
-    idle_frac: float
-    tol_ns: int
 
 
 @dataclass

@@ -27,7 +27,7 @@ from typing import Any, Mapping
 import polars as pl
 
 from tracekit.analysis.findings import Finding
-from tracekit.analysis.gpus import GpuPeaks, gpu_peaks, rank_gpu_info
+from tracekit.core.gpus import GpuPeaks, gpu_peaks, rank_gpu_info
 from tracekit.analysis.registry import Analysis, FinishContext, Finished, register
 
 __all__ = ["interconnect_verdict", "path_models", "ALPHA_NS"]

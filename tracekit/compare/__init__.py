@@ -1,0 +1,1 @@
+"""Compare: two analysis results side by side (``tracekit diff``). Above analysis; renders nothing."""
