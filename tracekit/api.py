@@ -68,8 +68,7 @@ def analyze_result(
         meta = {**meta, "steps_from": steps_from}
     res = run_analysis(source, meta, window=window, skip_steps=skip_steps, trim_transient=trim_transient, top=top,
                        cross_rank=cross_rank, after=(next_win_stage,))
-    res.sections["trace"] = str(path)
-    return res
+    return res.with_trace(str(path))
 
 
 def analyze_frame(

@@ -22,7 +22,8 @@ from tracekit.analysis.stage.crossrank import cross_rank_part, cross_rank_plan, 
 from tracekit.analysis.findings import Finding
 from tracekit.analysis.stage.pipeline import ScanSource, analysis_columns
 from tracekit.core.window import cpu_mode_ranks
-from tracekit.api import analyze, analyze_frame
+from tracekit.analysis.sections import Node
+from tracekit.api import analyze, analyze_frame, analyze_result
 from tracekit.schema import COLUMN_NAMES, read_trace, scan_trace
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
@@ -130,18 +131,27 @@ def _streams_part(df: pl.DataFrame, ctx: reg.PartContext) -> pl.DataFrame:
     return k.group_by(pl.col("rank").cast(pl.Int64)).agg(pl.col("registers_per_thread").max().alias("regs"), pl.len().alias("kernels"))
 
 
+class ToyRegisters(Node, frozen=True, kw_only=True):
+    """The toy's typed section (its node of the result tree)."""
+
+    max_registers: dict[str, int]
+    kernels: dict[str, int]
+    steps: int
+    min_kernels: int
+
+
 def _streams_finish(parts: list[pl.DataFrame], ctx: reg.FinishContext) -> reg.Finished:
     t = reg.concat(parts).sort("rank")
     steps = ctx.results["steps"].value.steps
-    v = {"max_registers": {str(r): int(x) for r, x in zip(t["rank"], t["regs"])},
-         "kernels": {str(r): int(x) for r, x in zip(t["rank"], t["kernels"])},
-         "steps": steps.height, "min_kernels": ctx.options["min_kernels"]}
+    v = ToyRegisters(max_registers={str(r): int(x) for r, x in zip(t["rank"], t["regs"])},
+                     kernels={str(r): int(x) for r, x in zip(t["rank"], t["kernels"])},
+                     steps=steps.height, min_kernels=ctx.options["min_kernels"])
     return reg.Finished({"toy_registers": v}, v)
 
 
 def _streams_findings(ctx: reg.FindingsContext) -> list[Finding]:
     v = ctx.result.value
-    return [Finding("toy", f"Toy: kernels use up to {max(v['max_registers'].values())} registers per thread.", 0.01)]
+    return [Finding("toy", f"Toy: kernels use up to {max(v.max_registers.values())} registers per thread.", 0.01)]
 
 
 TOY = reg.Analysis("toy_registers", ("toy_registers",), ("rank", "kind", "registers_per_thread"), _streams_part, _streams_finish,
@@ -173,12 +183,28 @@ def test_a_new_analysis_is_one_registration(tmp_path: Path) -> None:
         assert any(f.startswith("Toy: kernels use up to") for f in res["findings"])
         assert list(res).index("toy_registers") == list(res).index("interconnect") + 1  # after the built-in sections
         assert analyze_frame(df, meta)["toy_registers"] == toy  # the whole-frame path agrees with the scan
+        typed = analyze_result(path)
+        assert isinstance(typed.extra["toy_registers"], ToyRegisters)  # views read the typed node
+        assert typed.extra["toy_registers"].max_registers == toy["max_registers"]
         with pytest.raises(UsageError, match="already registered"):
             reg.register(TOY)
     finally:
         assert reg.unregister("toy_registers") is TOY
     assert "registers_per_thread" not in analysis_columns()
     assert json.dumps(analyze(path)) == before
+
+
+def test_a_section_must_be_a_typed_node() -> None:
+    """A section handed as a plain dict is refused with a message naming it (it would be an untyped hole in the tree)."""
+    path = FIX / "straggler.trace.parquet"
+    if not path.exists():
+        pytest.skip("GPU fixtures absent")
+    reg.register(reg.Analysis("untyped", ("untyped",), (), None, lambda p, c: reg.Finished({"untyped": {"a": 1}})))
+    try:
+        with pytest.raises(TypeError, match="section 'untyped': a dict, not a typed node"):
+            analyze(path)
+    finally:
+        reg.unregister("untyped")
 
 
 def test_registration_errors_name_the_analysis() -> None:

@@ -1,15 +1,20 @@
 """The analysis result: one typed object that every view reads.
 
-:func:`tracekit.analysis.stage.pipeline.run_analysis` decides the window once, matches the
-collectives once, builds the step table and the breakdown once, and returns an
-:class:`AnalysisResult`. ``analyze --json`` is :meth:`AnalysisResult.to_json` (the stable
-object of docs/analyze_json.md); ``diff`` compares two results; ``timeline``, ``export``,
-``replay`` and ``analyze --html`` take the window, the steps and the collective matching from
-it instead of deriving their own.
+:func:`tracekit.analysis.stage.pipeline.run_analysis` decides the window once, matches the collectives once, builds the
+step table and the breakdown once, and returns an :class:`AnalysisResult`:
+
+* ``sections`` — the typed tree of what the analysis found (:class:`tracekit.analysis.sections.Sections`: window,
+  breakdown, collectives, stalls, idle, PCIe, power, steps, verdicts, next win, findings, data quality);
+  ``analyze --json`` is its one encoder, :meth:`AnalysisResult.to_json` (docs/analyze_json.md,
+  ``schemas/analyze_v1.json``);
+* ``extra`` — the typed sections of registered analyses outside the built-in tree (a new analysis' own node);
+* the frames behind the sections that views draw from: the per-rank breakdown, every kernel's totals, the matched
+  collective instances, the full step table.
+
+Views (terminal, HTML, diff, replay, timeline, export) take this object; none re-derives a figure it holds.
 
 Time bases: ``instances`` are on the aligned clock the analysis uses (clock offsets applied);
-:meth:`AnalysisResult.instances_in_input_time` gives them on the trace's own clock, the one
-views draw on.
+:meth:`AnalysisResult.instances_in_input_time` gives them on the trace's own clock, the one views draw on.
 """
 
 from __future__ import annotations
@@ -17,11 +22,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+import msgspec
 import polars as pl
 
+from tracekit.analysis.sections import Node, Sections
 from tracekit.core.window import Window
+from tracekit.schema import TraceMeta
 
-__all__ = ["AnalysisResult", "INSTANCE_VIEW_COLUMNS", "instances_in_input_time"]
+__all__ = ["AnalysisResult", "INSTANCE_VIEW_COLUMNS", "instances_in_input_time", "encode"]
 
 #: columns of :attr:`AnalysisResult.instances` (a subset of ``collectives.INSTANCE_COLUMNS``)
 INSTANCE_VIEW_COLUMNS = [
@@ -30,40 +38,61 @@ INSTANCE_VIEW_COLUMNS = [
 ]
 
 
-@dataclass
+def encode(sections: Sections, extra: Mapping[str, Node] | None = None) -> dict[str, Any]:
+    """The ``analyze --json`` object of a tree: its fields in order (absent ones left out), the ``extra``
+    sections of analyses outside the built-in tree just before ``findings``."""
+    doc: dict[str, Any] = _lists(msgspec.to_builtins(sections))
+    if not extra:
+        return doc
+    out: dict[str, Any] = {}
+    for k, v in doc.items():
+        if k == "findings":
+            out.update({name: _lists(msgspec.to_builtins(node)) for name, node in extra.items()})
+        out[k] = v
+    return out
+
+
+def _lists(x: Any) -> Any:
+    """JSON's own types: the tree's tuples (immutable nodes) as lists."""
+    if isinstance(x, dict):
+        return {k: _lists(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_lists(v) for v in x]
+    return x
+
+
+@dataclass(frozen=True)
 class AnalysisResult:
     """Everything one analysis of one trace decided (see the module doc).
 
-    ``breakdown``: per-rank exclusive split (``rank, window_start_ns, window_ns, gpu_busy_ns``,
-    one column per bucket, ``idle``; ``window_ns`` is the observed time: profiler windows only);
-    ``kernel_totals``: ``category, name, other, count, total_ns`` of every kernel in the window;
-    ``instances``: matched collective instances in the window (:data:`INSTANCE_VIEW_COLUMNS`);
-    ``steps``: the step table (one row per rank and step in the window; empty without steps);
-    ``sections``: the ``analyze --json`` object.
+    ``breakdown``: per-rank exclusive split (``rank, window_start_ns, window_ns, gpu_busy_ns``, one column per bucket,
+    ``idle``; ``window_ns`` is the observed time: profiler windows only); ``kernel_totals``: ``category, name, other,
+    count, total_ns`` of every kernel in the window; ``instances``: matched collective instances in the window
+    (:data:`INSTANCE_VIEW_COLUMNS`); ``step_table``: the full step table (one row per rank and step in the window,
+    the rows of ``sections.steps.steps``; empty without steps).
     """
 
-    meta: Mapping[str, Any]
+    meta: TraceMeta
     window: Window
-    buckets: tuple[str, ...]
-    breakdown: pl.DataFrame
-    kernel_totals: pl.DataFrame
-    instances: pl.DataFrame
-    clock_offsets_ns: dict[int, int]
-    steps: pl.DataFrame
-    sections: dict[str, Any] = field(default_factory=dict)
+    sections: Sections
+    buckets: tuple[str, ...] = ()
+    breakdown: pl.DataFrame = field(default_factory=pl.DataFrame)
+    kernel_totals: pl.DataFrame = field(default_factory=pl.DataFrame)
+    instances: pl.DataFrame = field(default_factory=pl.DataFrame)
+    clock_offsets_ns: Mapping[int, int] = field(default_factory=dict)
+    step_table: pl.DataFrame = field(default_factory=pl.DataFrame)
+    extra: Mapping[str, Node] = field(default_factory=dict)
 
     # ---- the stable JSON object
     def to_json(self) -> dict[str, Any]:
-        """The ``analyze --json`` object (docs/analyze_json.md)."""
-        return self.sections
+        """The ``analyze --json`` object (docs/analyze_json.md): :func:`encode` of the tree."""
+        return encode(self.sections, self.extra)
 
-    @property
-    def findings(self) -> list[Any]:
-        return list(self.sections.get("findings") or [])
+    def with_trace(self, path: str) -> "AnalysisResult":
+        """This result, its ``trace`` field set to the analyzed file's path."""
+        from dataclasses import replace
 
-    @property
-    def quality(self) -> list[dict[str, Any]]:
-        return list(self.sections.get("quality") or [])
+        return replace(self, sections=msgspec.structs.replace(self.sections, trace=path))
 
     # ---- what views need
     @property
@@ -89,9 +118,10 @@ class AnalysisResult:
 
     def profiled_steps(self) -> pl.DataFrame:
         """Step rows that have GPU work (the ones the step summary counts)."""
-        if self.steps.height == 0:
-            return self.steps
-        return self.steps.filter(~pl.col("no_gpu")) if "no_gpu" in self.steps.columns else self.steps
+        st = self.step_table
+        if st.height == 0:
+            return st
+        return st.filter(~pl.col("no_gpu")) if "no_gpu" in st.columns else st
 
     def steps_per_rank(self) -> float:
         st = self.profiled_steps()
@@ -109,7 +139,7 @@ class AnalysisResult:
         return float(st["tokens"].sum() or 0) / (dur * 1e-9) if dur > 0 else None
 
     def collective_wait_ns(self) -> dict[int, int]:
-        """Total collective wait per rank (the one definition: :mod:`tracekit.core.collectives`)."""
+        """Total collective wait per rank (the one definition: :mod:`tracekit.analysis.collectives`)."""
         if self.instances.height == 0:
             return {}
         t = self.instances.group_by("rank").agg(pl.col("wait_ns").sum()).sort("rank")

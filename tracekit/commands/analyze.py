@@ -61,7 +61,6 @@ def register(app: typer.Typer) -> None:
             df, meta = read_trace(trace)
             render_timeline(df, meta, views_analysis(result), html, force=force)
         if as_json:
-            res.pop("_terminal_sections", None)
             json.dump(res, sys.stdout, indent=1, default=str)
             sys.stdout.write("\n")
         else:

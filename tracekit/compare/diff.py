@@ -29,6 +29,7 @@ import polars as pl
 
 from tracekit._errors import Quality, QualityLog
 from tracekit.analysis.result import AnalysisResult
+from tracekit.analysis.sections import UnsetType
 
 __all__ = ["RunSummary", "DiffResult", "summarize_result", "summarize_run", "diff_runs", "NOISE_FRAC"]
 
@@ -138,12 +139,13 @@ def _power(counters: pl.DataFrame | None, res: AnalysisResult) -> dict[str, Any]
             s = c.filter(pl.col("name").cast(pl.String) == name)
             if s.height:
                 out[name] = float(s.group_by("rank").agg(pl.col("value").mean())["value"].mean())  # type: ignore[arg-type]
-    per = ((res.sections.get("power") or {}).get("per_rank")) or []
+    pw = res.sections.power
+    per = pw.per_rank if not isinstance(pw, UnsetType) else ()
     if "power_w" in out and per:
-        busy = [r.get("power_busy_w") for r in per if r.get("power_busy_w") is not None]
+        busy = [r.power_busy_w for r in per if r.power_busy_w is not None]
         if busy:
             out["power_busy_w"] = float(sum(busy) / len(busy))
-        out["verdict_codes"] = sorted({str(r.get("verdict_code")) for r in per if r.get("verdict_code")})
+        out["verdict_codes"] = sorted({str(r.verdict_code) for r in per if r.verdict_code})
     return out
 
 
@@ -180,8 +182,8 @@ def summarize_result(res: AnalysisResult, *, label: str = "run", counters: pl.Da
 
     ``counters``: the trace's counter rows (power, SM activity; read only inside the result's window)."""
     q = QualityLog()
-    for d in res.quality:
-        q.add(d.get("code", "note"), d.get("message", ""), severity=d.get("severity", "warning"), rank=d.get("rank"))
+    for d in res.sections.quality:
+        q.add(d.code, d.message, severity=d.severity, rank=None if isinstance(d.rank, UnsetType) else d.rank)
     buckets, window_ns, busy = _buckets(res)
     steps, p50, p90, tps = _steps(res)
     if res.kernel_totals.height == 0:

@@ -36,8 +36,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence, cast
 
+import msgspec
 import polars as pl
 
 from tracekit import _interrupt
@@ -49,14 +50,15 @@ from tracekit.analysis.passes.gaps import SYNC_REGEX, host_activity
 from tracekit.analysis.plan import CrossRankPlan
 from tracekit.analysis.registry import declare_columns, declared_columns
 from tracekit.analysis.result import AnalysisResult
-from tracekit.schema import first_line
+from tracekit.analysis.sections import SCHEMA_VERSION, Node, Sections, build
+from tracekit.schema import TraceMeta, first_line
 from tracekit.core.window import Overview, Window, parse_time_range, select_window, trace_overview
 
 __all__ = ["analysis_columns", "analysis_rows_expr", "FrameSource", "ScanSource", "run_analysis", "ANALYSIS_VERSION",
            "FinishedRun", "StageOutput", "AfterFinish", "collect_trace"]
 
-#: Version of the analyze JSON object (bumped on incompatible changes).
-ANALYSIS_VERSION = 1
+#: Version of the analyze JSON object (bumped on incompatible changes): the typed tree's
+ANALYSIS_VERSION = SCHEMA_VERSION
 
 # what the stages of the per-rank map outside the registry read (tracekit.analysis.registry.declare_columns)
 declare_columns("rows", ("kind", "name", "category", "family", "input_dims"))  # analysis_rows_expr
@@ -299,12 +301,26 @@ def run_analysis(
                 extra.setdefault("_candidates", []).extend(out.findings)
     bd = breakdown_finish(bd_parts, win, split=split)
     totals = merge_kernel_totals(kt_parts) if kt_parts else None
-    sections = _result(meta, win, bd, totals, top, extra, quality)
+    sections, others = _typed(_result(meta, win, bd, totals, top, extra, quality))
     view = plan.view if plan is not None and plan.view is not None else pl.DataFrame()
     offsets = {int(k): int(v) for k, v in plan.align.offsets_ns.items()} if plan is not None and plan.align.applied else {}
-    return AnalysisResult(meta=meta, window=win, buckets=tuple(bd.buckets), breakdown=bd.table,
-                          kernel_totals=totals if totals is not None else pl.DataFrame(), instances=view,
-                          clock_offsets_ns=offsets, steps=tables.get("steps", pl.DataFrame()), sections=sections)
+    return AnalysisResult(meta=cast(TraceMeta, meta), window=win, sections=sections, buckets=tuple(bd.buckets),
+                          breakdown=bd.table, kernel_totals=totals if totals is not None else pl.DataFrame(), instances=view,
+                          clock_offsets_ns=offsets, step_table=tables.get("steps", pl.DataFrame()), extra=others)
+
+
+_TREE_FIELDS = frozenset(f.name for f in msgspec.structs.fields(Sections))
+
+
+def _typed(doc: dict[str, Any]) -> tuple[Sections, dict[str, Node]]:
+    """The analyze object as the typed tree (:class:`tracekit.analysis.sections.Sections`, validated: a key or a type
+    the tree does not declare fails here), plus the sections of analyses outside the tree, each its own typed node."""
+    others = {k: v for k, v in doc.items() if k not in _TREE_FIELDS}
+    for k, v in others.items():
+        if not isinstance(v, Node):
+            raise TypeError(f"analysis section {k!r}: a {type(v).__name__}, not a typed node; return a "
+                            "tracekit.analysis.sections.Node subclass (the typed result tree, docs/architecture.md)")
+    return build({k: v for k, v in doc.items() if k in _TREE_FIELDS}, Sections), others
 
 
 def _result(meta: Mapping[str, Any], win: Window, bd: Any, totals: pl.DataFrame | None, top: int, extra: dict[str, Any],
