@@ -18,13 +18,11 @@ timestamps as decimal text.
 
 from __future__ import annotations
 
-import gzip
 import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 import re
 from operator import attrgetter
-import zlib
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -39,7 +37,8 @@ from tracekit.ingest.readers import Reader
 from tracekit import _env, _interrupt
 from tracekit._errors import InputError, QualityLog
 from tracekit._frames import attach_rows
-from tracekit.ingest.kineto_stream import EventStream, StreamFallback
+from tracekit.ingest import kineto_checks as kc
+from tracekit.ingest.kineto_stream import EventStream, StreamFallback, iter_text
 from tracekit.ingest.validate import check_times
 from tracekit.schema import MAX_RANK, conform
 
@@ -167,17 +166,9 @@ _GROUP_CHUNKS = 8
 _ARG_FIELDS = _Args.__struct_fields__
 
 
-def _read_bytes(path: Path) -> bytes:
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise InputError(f"{path}: cannot read ({e.strerror}); check the path and permissions") from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            return gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as e:
-            raise InputError(f"{path}: truncated or corrupt gzip ({e}); re-copy the file from the capture host") from None
-    return raw
+def _read_bytes(path: Path, tally: dict[str, int]) -> bytes:
+    """The whole decompressed text (the streaming reader's gzip handling: members, trailing bytes counted)."""
+    return b"".join(iter_text(path, tally=tally))
 
 
 def _chunks(arr: memoryview) -> Iterator[bytes]:
@@ -213,7 +204,16 @@ def _chunks(arr: memoryview) -> Iterator[bytes]:
 
 
 def _decode_events(raw_events: bytes, path: Path, quality: QualityLog) -> Iterator[list[Any]]:
-    """Yield lists of events, chunk by chunk; a bad split merges with the next chunk."""
+    """Yield lists of events, chunk by chunk; a bad split merges with the next chunk.
+
+    JSON nested beyond the decoder's recursion limit: :func:`kineto_checks.too_deep` (never a RecursionError)."""
+    try:
+        yield from _decode_chunks(raw_events, path)
+    except RecursionError:
+        raise kc.too_deep(path) from None
+
+
+def _decode_chunks(raw_events: bytes, path: Path) -> Iterator[list[Any]]:
     pending = b""
     for chunk in _chunks(memoryview(raw_events)):
         if pending:
@@ -242,8 +242,10 @@ def _decode_events(raw_events: bytes, path: Path, quality: QualityLog) -> Iterat
             raise InputError(f"{path}: invalid JSON in traceEvents ({e}); the file is corrupt or truncated") from None
 
 
-def _loose_args(d: Any) -> _Args:
+def _loose_args(d: Any, tally: dict[str, int]) -> _Args:
     if not isinstance(d, dict):
+        k = kc.tally_key("args", kc.type_name(d))  # args that is not an object: every field it should carry is unknown
+        tally[k] = tally.get(k, 0) + 1
         return _NOARGS
     conv = {
         "correlation": d.get("correlation"),
@@ -342,7 +344,7 @@ class _Cols:
             c[f].extend(map(attrgetter(f), keep))
         args = [e.args for e in keep]
         if any(a is not None and not isinstance(a, _Args) for a in args):
-            args = [_loose_args(a) if not isinstance(a, _Args) and a is not None else a for a in args]
+            args = [_loose_args(a, quality_unknown) if not isinstance(a, _Args) and a is not None else a for a in args]
         args = [a or _NOARGS for a in args]
         for f in _ARG_FIELDS:
             c[f].extend(map(attrgetter(f), args))
@@ -386,22 +388,23 @@ def _to_int(col: str) -> pl.Expr:
 
 def _rank_meta(top: _Top, path: Path) -> dict[str, Any]:
     di = top.distributedInfo if isinstance(top.distributedInfo, dict) else {}
+    notes: list[dict[str, Any]] = []
     meta: dict[str, Any] = {
         "source_file": str(path),
         "format": "kineto",
-        "base_time_ns": int(top.baseTimeNanoseconds) if isinstance(top.baseTimeNanoseconds, (int, float)) else None,
+        "base_time_ns": kc.base_time_ns(top.baseTimeNanoseconds, path, notes),
         "display_time_unit": top.displayTimeUnit,
         "distributed_info": {k: v for k, v in di.items() if k != "pg_config"} if di else None,
         "pg_config": di.get("pg_config") if di else None,
         "rank_from_file": None,
         "world_size": None,
-        "backend": di.get("backend"),
-        "nccl_version": di.get("nccl_version"),
+        "backend": _text_or_none(di.get("backend")),
+        "nccl_version": _text_or_none(di.get("nccl_version")),
         "record_shapes": bool(top.record_shapes) if top.record_shapes is not None else None,
     }
-    if isinstance(top.deviceProperties, list) and top.deviceProperties:
-        meta["device_props"] = top.deviceProperties
-    notes: list[dict[str, Any]] = []
+    props = kc.device_props(top.deviceProperties, path, notes)
+    if props:
+        meta["device_props"] = props
     if di:
         meta["rank_from_file"] = _checked_int(di.get("rank"), "rank", 0, MAX_RANK, path, notes)
         meta["world_size"] = _checked_int(di.get("world_size"), "world_size", 1, MAX_WORLD, path, notes)
@@ -412,6 +415,11 @@ def _rank_meta(top: _Top, path: Path) -> dict[str, Any]:
             meta["world_size"] = None
     meta["field_notes"] = notes
     return meta
+
+
+def _text_or_none(v: Any) -> str | None:
+    """A metadata field that is text (a version as a number is kept as its text; lists, objects: None)."""
+    return v if isinstance(v, str) else (str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None)
 
 
 #: largest rank / world size a trace's ``distributedInfo`` may claim (ranks are int32; larger claims are refused
@@ -467,13 +475,28 @@ def _stage_chunk(chunk: bytes | bytearray, p: Path, exact: bool | None) -> tuple
     A ``bytearray`` chunk is modified while it is parsed and restored afterwards.
     """
     unknown: dict[str, int] = {}
-    st = None if exact else _fast_stage(chunk if isinstance(chunk, bytearray) else bytearray(chunk), unknown)
-    if st is None:
-        try:
-            st = _exact_stage(chunk, p, unknown)
-        except InputError:
-            raise StreamFallback("undecodable chunk") from None
+    try:
+        st = _decode_chunk(chunk, p, exact, unknown)
+    except InputError:
+        raise StreamFallback("undecodable chunk") from None
     return _sparse(st), unknown
+
+
+def _decode_chunk(chunk: bytes | bytearray, p: Path, exact: bool | None, unknown: dict[str, int]) -> pl.DataFrame:
+    """Fast decoder, else the exact one; a chunk neither takes is retried once with its lone surrogate
+    escapes replaced (:func:`kineto_checks.fix_lone_surrogates`, counted), else the exact decoder's error."""
+    st = None if exact else _fast_stage(chunk if isinstance(chunk, bytearray) else bytearray(chunk), unknown)
+    if st is not None:
+        return st
+    try:
+        return _exact_stage(chunk, p, unknown)
+    except InputError:
+        fixed, n = kc.fix_lone_surrogates(chunk)
+        if not n:
+            raise
+    kc.count_surrogates(unknown, n)
+    st = None if exact else _fast_stage(bytearray(fixed), unknown)
+    return st if st is not None else _exact_stage(fixed, p, unknown)
 
 
 def parse_threads() -> int:
@@ -534,9 +557,11 @@ def _read_streaming(p: Path, rank: int | None, exact: bool | None) -> tuple[pl.D
             ex.shutdown(wait=True, cancel_futures=True)
     if group:
         frames.append(_stack(group))
+    for k, v in es.tally.items():
+        unknown[k] = unknown.get(k, 0) + v
     try:
         top = _TOP.decode(es.top_document())
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         raise StreamFallback("top-level keys") from None
     meta = _rank_meta(top, p)
     if exact is None and meta.get("record_shapes") and frames:
@@ -578,28 +603,52 @@ def _json_error(p: Path, data: bytes, e: Exception) -> InputError:
 
 
 def _read_whole(p: Path, rank: int | None, exact: bool | None) -> tuple[pl.DataFrame, dict[str, Any]]:
-    data = _read_bytes(p)
+    tally: dict[str, int] = {}
+    data = _read_bytes(p, tally)
     if data.startswith(_BOM):  # a UTF-8 byte-order mark (some editors and Windows tools write one): not part of the JSON
         data = data[len(_BOM):]
     if not data.strip():
         raise InputError(f"{p}: empty file; re-export the trace")
-    try:
+    top = _decode_top(p, data, tally)
+    if tally.get(kc.SURROGATES_KEY):  # the top level held lone surrogates: the events too, probably
+        data = kc.fix_lone_surrogates(data)[0]
         top = _TOP.decode(data)
-    except msgspec.ValidationError as e:
-        raise InputError(f"{p}: JSON is not a Chrome/Kineto trace ({e}); expected an object with 'traceEvents'") from None
-    except msgspec.DecodeError as e:
-        if data.lstrip()[:1] == b"[":
-            raise InputError(f"{p}: a bare JSON array is not supported; wrap it as {{\"traceEvents\": [...]}}") from None
-        raise _json_error(p, data, e) from None
     try:
-        return _read_events(p, data, top, rank, exact)
+        return _read_events(p, data, top, rank, exact, tally)
     except InputError as e:
         if "UTF-8" in str(e) or "malformed" in str(e):
             raise _json_error(p, data, e) from None
+        if "levels deep" in str(e):
+            off = kc.deep_offset(data, kc.MAX_JSON_DEPTH)
+            raise kc.too_deep(p, _where(data, off) if off is not None else None) from None
         raise
 
 
-def _read_events(p: Path, data: bytes, top: _Top, rank: int | None, exact: bool | None) -> tuple[pl.DataFrame, dict[str, Any]]:
+def _decode_top(p: Path, data: bytes, tally: dict[str, int]) -> _Top:
+    """The top-level keys (``traceEvents`` kept raw): one-line errors for what is not a Kineto trace."""
+    try:
+        return _TOP.decode(data)
+    except msgspec.ValidationError as e:
+        raise InputError(f"{p}: JSON is not a Chrome/Kineto trace ({e}); expected an object with 'traceEvents'") from None
+    except RecursionError:
+        off = kc.deep_offset(data, kc.MAX_JSON_DEPTH)
+        raise kc.too_deep(p, _where(data, off) if off is not None else None) from None
+    except msgspec.DecodeError as e:
+        if data.lstrip()[:1] == b"[":
+            raise InputError(f"{p}: a bare JSON array is not supported; wrap it as {{\"traceEvents\": [...]}}") from None
+        fixed, n = kc.fix_lone_surrogates(data)
+        if n:
+            try:
+                top = _TOP.decode(fixed)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                raise _json_error(p, data, e) from None
+            kc.count_surrogates(tally, n)
+            return top
+        raise _json_error(p, data, e) from None
+
+
+def _read_events(p: Path, data: bytes, top: _Top, rank: int | None, exact: bool | None,
+                 tally: dict[str, int]) -> tuple[pl.DataFrame, dict[str, Any]]:
     meta = _rank_meta(top, p)
     raw_events = memoryview(top.traceEvents)  # zero-copy view into the decompressed text
     del top
@@ -609,12 +658,10 @@ def _read_events(p: Path, data: bytes, top: _Top, rank: int | None, exact: bool 
         raise InputError(f"{p}: 'traceEvents' is not a list; not a Kineto trace")
     if exact is None:
         exact = bool(meta.get("record_shapes"))
-    unknown: dict[str, int] = {}
+    unknown: dict[str, int] = dict(tally)
     frames: list[pl.DataFrame] = []
     for chunk in _interrupt.checked(_chunks(raw_events), "read"):
-        st = None if exact else _fast_stage(bytearray(chunk), unknown)
-        if st is None:
-            st = _exact_stage(chunk, p, unknown)
+        st = _decode_chunk(chunk, p, exact, unknown)
         if st.height:
             frames.append(_sparse(st))
     frames = [_stack(frames[i:i + _GROUP_CHUNKS]) for i in range(0, len(frames), _GROUP_CHUNKS)]
@@ -696,8 +743,9 @@ def _assemble(frames: list[pl.DataFrame], meta: dict[str, Any], unknown: dict[st
     if rank is None:
         rank = meta["rank_from_file"]
     quality = QualityLog()
+    checks = kc.quality_of(unknown, p.name)
     phases = {k[len(_PH_KEY):]: v for k, v in unknown.items() if k.startswith(_PH_KEY)}
-    unknown = {k: v for k, v in unknown.items() if not k.startswith(_PH_KEY)}
+    unknown = {k: v for k, v in unknown.items() if not k.startswith(_PH_KEY) and not kc.is_check_key(k)}
     if unknown:
         quality.add("unknown_event_kinds", f"{p.name}: skipped events of unknown categories: "
                     + ", ".join(f"{k} ({v})" for k, v in sorted(unknown.items())), unknown=unknown)
@@ -705,7 +753,7 @@ def _assemble(frames: list[pl.DataFrame], meta: dict[str, Any], unknown: dict[st
         quality.add("unknown_phases", f"{p.name}: skipped {sum(phases.values())} events of unknown phase (ph) "
                     + ", ".join(f"{k!r} ({v})" for k, v in sorted(phases.items())[:8])
                     + "; only X (complete) and i (instant) events become rows", phases=phases)
-    meta["quality"] = [*meta.pop("field_notes", []), *(q.to_json() for q in quality)]
+    meta["quality"] = [*meta.pop("field_notes", []), *(q.to_json() for q in quality), *checks]
     stage = _glue(frames) if frames else _empty_stage()
     _interrupt.check("read")
     df = _finish(stage, meta)
@@ -871,8 +919,12 @@ def _fast_stage(chunk: bytearray, unknown: dict[str, int]) -> pl.DataFrame | Non
         return None
     ts = tbl.column("ts")
     lo_hi = pc.min_max(ts)
-    if max(abs(lo_hi["min"].as_py() or 0.0), abs(lo_hi["max"].as_py() or 0.0)) >= _EPOCH_US and _EPOCH_FRAC.search(chunk):
+    big = max(abs(lo_hi["min"].as_py() or 0.0), abs(lo_hi["max"].as_py() or 0.0))
+    if big >= _EPOCH_US and _EPOCH_FRAC.search(chunk) or big >= kc.MAX_TIME_NS / 1000:
         return None
+    d = pc.min_max(tbl.column("dur"))
+    if max(abs(d["min"].as_py() or 0.0), abs(d["max"].as_py() or 0.0)) >= kc.MAX_TIME_NS / 1000:
+        return None  # the exact decoder names the event
     # struct fields as top-level columns: polars then holds each kept column's buffers, not the whole
     # args struct (a zero-copy field of an imported struct kept all ~20 fields of every chunk alive)
     ev: pl.DataFrame = pl.from_arrow(tbl.flatten())  # type: ignore[assignment]
@@ -911,28 +963,37 @@ def _fast_stage(chunk: bytearray, unknown: dict[str, int]) -> pl.DataFrame | Non
     return out.select([pl.col(k).cast(t) for k, t in _STAGE_SCHEMA.items()]).collect()
 
 
-def _exact_stage(chunk: bytes, path: Path, unknown: dict[str, int]) -> pl.DataFrame:
-    """msgspec decode of one chunk with exact decimal timestamps."""
+def _exact_stage(chunk: bytes | bytearray, path: Path, unknown: dict[str, int]) -> pl.DataFrame:
+    """msgspec decode of one chunk with exact decimal timestamps; field types and ranges checked
+    (:mod:`tracekit.ingest.kineto_checks`; wrong types counted in ``unknown``)."""
     cols = _Cols()
     for evs in _decode_events(chunk, path, QualityLog()):
         cols.add(evs, unknown)
-    return _stage_from_cols(cols)
+    return _stage_from_cols(cols, path, unknown)
 
 
-def _stage_from_cols(cols: _Cols) -> pl.DataFrame:
+#: exact-decoder field -> its name in the file (messages and wrong-type counts)
+_FILE_NAMES = {"pid": "pid", "tid": "tid", **{f: f"args.{_Args.__struct_encode_fields__[i]}" for i, f in enumerate(_ARG_FIELDS)}}
+
+
+def _stage_from_cols(cols: _Cols, path: Path | str = "trace", tally: dict[str, int] | None = None) -> pl.DataFrame:
     c = cols.c
     n = len(c["_kind"])
     if not n:
         return _empty_stage()
+    tally = {} if tally is None else tally
+    names = c["name"]
 
     def ints(field: str) -> pl.Series:
-        try:
-            return pl.Series(field, c[field], dtype=pl.Int64, strict=False)
-        except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError):
-            return pl.Series(field, [v if isinstance(v, int) and not isinstance(v, bool) and -(1 << 63) <= v < (1 << 63) else None for v in c[field]], dtype=pl.Int64)
+        return kc.checked_ints(_FILE_NAMES[field], c[field], names, path, tally, labels=field in ("pid", "tid")).alias(field)
 
-    def strs(field: str) -> pl.Series:
+    def strs(field: str) -> pl.Series:  # any JSON value keeps its text (a list as its repr): nothing is lost
         return _str_series(c[field]).alias(field)
+
+    kernel = [k == "kernel" for k in c["_kind"]]
+    for g in ("grid", "block"):
+        kc.dims_field(_FILE_NAMES[g], c[g], kernel, tally)
+    kc.text_field("name", names, tally)
 
     def dim3(field: str, i: int) -> pl.Series:
         vals = c[field]
@@ -944,8 +1005,8 @@ def _stage_from_cols(cols: _Cols) -> pl.DataFrame:
             pl.Series("kind", c["_kind"], dtype=pl.String),
             _str_series(c["cat"]).alias("src"),
             _str_series(c["name"]).alias("name").fill_null(""),
-            _str_series(c["pid"]).alias("pid_s"),
-            _str_series(c["tid"]).alias("tid_s"),
+            ints("pid"),
+            ints("tid"),
             _str_series(c["ts"]).alias("ts_s"),
             _str_series(c["dur"]).alias("dur_s"),
             ints("correlation"), ints("external_id"), ints("device"), ints("stream"),
@@ -960,11 +1021,10 @@ def _stage_from_cols(cols: _Cols) -> pl.DataFrame:
             dim3("block", 0).alias("block_x"), dim3("block", 1).alias("block_y"), dim3("block", 2).alias("block_z"),
         ]
     )
+    kc.check_time_text(st, {"ts_s": "ts", "dur_s": "dur"}, path)
     st = st.with_columns(
         _ns_expr("ts_s", unit_ns=1000).alias("ts_rel_ns"),
         _ns_expr("dur_s", unit_ns=1000).alias("dur_ns"),
-        pl.col("pid_s").cast(pl.Int64, strict=False).alias("pid"),
-        pl.col("tid_s").cast(pl.Int64, strict=False).alias("tid"),
     )
     return st.select([pl.col(k).cast(t) for k, t in _STAGE_SCHEMA.items()])
 

@@ -14,7 +14,7 @@ import itertools
 import re
 import zlib
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
 import msgspec
 
@@ -39,8 +39,12 @@ class StreamFallback(Exception):
     """The streaming split cannot handle this file; read it whole instead."""
 
 
-def iter_text(path: Path, piece: int = 4 << 20) -> Iterator[bytes]:
-    """Decompressed text of ``path`` in pieces (gzip, multi-member gzip, or plain)."""
+def iter_text(path: Path, piece: int = 4 << 20, tally: dict[str, int] | None = None) -> Iterator[bytes]:
+    """Decompressed text of ``path`` in pieces (gzip, multi-member gzip, or plain).
+
+    Bytes after the last complete gzip member that do not start another member (zero padding, data
+    appended to the file) end the text; their count goes to ``tally``
+    (:func:`tracekit.ingest.kineto_checks.count_trailing`), never a "truncated" error."""
     try:
         f = open(path, "rb")  # noqa: SIM115 - closed below
     except OSError as e:
@@ -70,12 +74,39 @@ def iter_text(path: Path, piece: int = 4 << 20) -> Iterator[bytes]:
                     yield out
                 while d.eof and d.unused_data:  # concatenated gzip members
                     rest = d.unused_data
+                    if not rest.startswith(b"\x1f\x8b"[: len(rest)]) or len(rest) < 2 and not _more(f, rest):
+                        _trailing(f, rest, tally)
+                        return
                     d = _inflate.decompressobj(31)
                     out = d.decompress(rest)
                     if out:
                         yield out
         except _INFLATE_ERRORS as e:
             raise InputError(f"{path}: truncated or corrupt gzip ({e}); re-copy the file from the capture host") from None
+
+
+def _more(f: BinaryIO, rest: bytes) -> bool:
+    """Whether ``rest`` (1 byte of a possible gzip magic) continues into one: peeks the next byte."""
+    pos = f.tell()
+    nxt = f.read(1)
+    f.seek(pos)
+    return (rest + nxt).startswith(b"\x1f\x8b")
+
+
+def _trailing(f: BinaryIO, rest: bytes, tally: dict[str, int] | None) -> None:
+    """Count the bytes from ``rest`` to the end of the file as trailing data (read in pieces, bounded memory)."""
+    from tracekit.ingest.kineto_checks import count_trailing
+
+    zeros = not rest.strip(b"\x00")
+    n = len(rest)
+    while zeros and (b := f.read(1 << 20)):
+        zeros = not b.strip(b"\x00")
+        n += len(b)
+    if not zeros:
+        pos = f.tell()
+        n += f.seek(0, 2) - pos
+    if tally is not None:
+        count_trailing(tally, n, zeros=zeros)
 
 
 def _bracketed(buf: bytearray, cut: int) -> bytearray:
@@ -96,6 +127,8 @@ class EventStream:
         self.head = b""
         self.tail = b""
         self._top = top_decoder or msgspec.json.Decoder()
+        #: counts for :func:`tracekit.ingest.kineto_checks.quality_of` (trailing bytes after the gzip data)
+        self.tally: dict[str, int] = {}
 
     def top_document(self) -> bytes:
         """The document with an empty ``traceEvents`` array (for the top-level keys)."""
@@ -103,7 +136,7 @@ class EventStream:
 
     def chunks(self) -> Iterator[bytearray]:
         """``[...]`` chunks of whole events, each a fresh buffer the consumer may modify."""
-        it = iter_text(self.path)
+        it = iter_text(self.path, tally=self.tally)
         buf = bytearray()
         m = None
         for piece in it:
@@ -136,7 +169,7 @@ class EventStream:
             tail = rest[pos + 1 :]
             try:
                 self._top.decode(self.head + b'"traceEvents": []' + tail)
-            except (msgspec.DecodeError, msgspec.ValidationError):
+            except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
                 continue
             self.tail = tail
             body = rest[:pos].strip()
