@@ -43,6 +43,10 @@ REAL_DEFAULT = Path("/work/shared/traces/hta/df_index_resolver")
 
 def _child(argv: list[str]) -> int:
     what = argv[0]
+    if what.startswith("tracekit"):
+        import tracekit
+
+        tracekit.configure_env()  # the CLI's allocator setting, before polars loads (tracekit._memory)
     t0 = time.perf_counter()
     info: dict = {}
     if what == "tracekit":

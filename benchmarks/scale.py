@@ -216,6 +216,8 @@ print("RESULT " + json.dumps({"load_s": t1 - t0, "temporal_s": t2 - t1, "idle_s"
 
 _TK_JSON = r"""
 import json, sys, time
+import tracekit
+tracekit.configure_env()  # the CLI's allocator setting, before polars loads (tracekit._memory)
 from tracekit.ingest.convert import convert
 from tracekit.api import analyze
 t0 = time.perf_counter()

@@ -1,7 +1,9 @@
-"""Every environment variable tracekit reads or sets, in one place.
+"""Every environment variable tracekit reads or sets, in one place: the only module that touches ``os.environ``.
 
-Names only plus small typed accessors; no third-party imports (the SGLang hook and the
-capture's program hook import this inside the target process).
+Names plus small typed accessors; no third-party imports (the SGLang hook and the capture's program hook import
+this inside the target process). Nothing is read at import time: each accessor reads when it is called.
+``tests/unit/test_env.py`` fails on an ``os.environ`` / ``os.getenv`` anywhere else in ``tracekit/`` (the one
+exception: the capture's ``_boot/sitecustomize.py`` reads ``TRACEKIT_PKG_PARENT`` to find this package).
 
 | variable | read by | meaning |
 |---|---|---|
@@ -9,12 +11,17 @@ capture's program hook import this inside the target process).
 | ``TRACEKIT_PARSE_THREADS`` | ingest.kineto (set by ingest._workers) | threads decoding one file's JSON chunks |
 | ``POLARS_MAX_THREADS`` | polars (set by ingest._workers) | polars threads of a ``convert --jobs`` worker |
 | ``TRACEKIT_ARROW_DECAY_MS`` | _memory | pyarrow jemalloc decay (ms) |
-| ``_RJEM_MALLOC_CONF`` | polars' jemalloc (set by _memory) | allocator decay / arenas |
+| ``_RJEM_MALLOC_CONF`` | polars' jemalloc (set by _memory, from the CLI entry) | allocator decay / arenas |
 | ``TRACEKIT_SGLANG_HOOK`` | capture.sglang_plugin, capture.sglang_autopatch | ``1``: the forward hook is active in SGLang |
 | ``TRACEKIT_STEP_DIR`` | capture.sglang_plugin | where the hook writes step timings |
 | ``TRACEKIT_CAPTURE_DIR`` / ``TRACEKIT_CAPTURE_SPEC`` | capture.program_hook | capture output dir / JSON spec |
+| ``TRACEKIT_PKG_PARENT`` | capture/_boot/sitecustomize (set by capture.external) | where the target process finds tracekit |
 | ``TRACEKIT_TEST_SIGINT_AT`` | _interrupt | fault injection for the tests: ``<label>[:<n>]`` sends this process SIGINT at the n-th interrupt check of that label |
 | ``TRACEKIT_MODULE_CONTEXT`` | capture.program_hook (set by ``capture --module-context``) | ``1``: add ``tk.mod[...]`` ranges around MoE/expert/router/attention modules |
+| ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` | capture.program_hook, capture.sglang_plugin | the launcher's rank of the target process |
+| ``CUDA_VISIBLE_DEVICES`` | capture.program_hook, capture.telemetry | the GPUs a process sees |
+| ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` / ``MASTER_ADDR`` | torch.distributed (set by capture.orchestrate) | the built-in workload's ranks talk over loopback only |
+| ``PYTHONPATH`` | the target process (set by capture.external, capture.launcher) | the boot directory first |
 """
 
 from __future__ import annotations
@@ -22,7 +29,9 @@ from __future__ import annotations
 import os
 
 __all__ = ["DEBUG", "PARSE_THREADS", "POLARS_MAX_THREADS", "ARROW_DECAY_MS", "JEMALLOC_CONF", "SGLANG_HOOK", "STEP_DIR",
-           "CAPTURE_DIR", "CAPTURE_SPEC", "MODULE_CONTEXT", "TEST_SIGINT_AT", "debug", "positive_int"]
+           "CAPTURE_DIR", "CAPTURE_SPEC", "PKG_PARENT", "MODULE_CONTEXT", "TEST_SIGINT_AT", "RANK", "WORLD_SIZE",
+           "LOCAL_RANK", "CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "MASTER_ADDR", "PYTHONPATH",
+           "debug", "get", "is_set", "flag", "int_value", "positive_int", "set_default", "environ"]
 
 DEBUG = "TRACEKIT_DEBUG"
 PARSE_THREADS = "TRACEKIT_PARSE_THREADS"
@@ -33,16 +42,58 @@ SGLANG_HOOK = "TRACEKIT_SGLANG_HOOK"
 STEP_DIR = "TRACEKIT_STEP_DIR"
 CAPTURE_DIR = "TRACEKIT_CAPTURE_DIR"
 CAPTURE_SPEC = "TRACEKIT_CAPTURE_SPEC"
+PKG_PARENT = "TRACEKIT_PKG_PARENT"
 MODULE_CONTEXT = "TRACEKIT_MODULE_CONTEXT"
 TEST_SIGINT_AT = "TRACEKIT_TEST_SIGINT_AT"
+RANK = "RANK"
+WORLD_SIZE = "WORLD_SIZE"
+LOCAL_RANK = "LOCAL_RANK"
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"
+NCCL_SOCKET_IFNAME = "NCCL_SOCKET_IFNAME"
+MASTER_ADDR = "MASTER_ADDR"
+PYTHONPATH = "PYTHONPATH"
+
+
+def get(name: str, default: str | None = None) -> str | None:
+    """The variable's value (``default`` when unset)."""
+    return os.environ.get(name, default)
+
+
+def is_set(name: str) -> bool:
+    """Whether the variable is set (to anything, the empty string included)."""
+    return name in os.environ
+
+
+def flag(name: str) -> bool:
+    """Whether the variable is ``1`` (the gates: ``TRACEKIT_SGLANG_HOOK``, ``TRACEKIT_MODULE_CONTEXT``)."""
+    return os.environ.get(name, "") == "1"
 
 
 def debug() -> bool:
-    """Whether internal errors show their traceback."""
+    """Whether internal errors show their traceback (``TRACEKIT_DEBUG`` set to anything non-empty)."""
     return bool(os.environ.get(DEBUG))
+
+
+def int_value(name: str) -> int | None:
+    """The variable as an integer; None when unset or not one."""
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
 
 
 def positive_int(name: str) -> int | None:
     """The variable as a positive integer; None when unset or not one."""
     v = os.environ.get(name, "")
     return int(v) if v.isdigit() and int(v) > 0 else None
+
+
+def set_default(name: str, value: str) -> None:
+    """Set the variable for this process and its children, unless the user set it."""
+    os.environ.setdefault(name, value)
+
+
+def environ() -> dict[str, str]:
+    """A copy of this process' environment (the base of a child process' environment)."""
+    return dict(os.environ)

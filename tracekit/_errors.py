@@ -9,9 +9,11 @@ Recoverable problems are not exceptions: they become quality flags
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
-__all__ = ["TracekitError", "InputError", "OutputError", "CaptureError", "UsageError", "Quality", "QualityLog", "os_reason"]
+__all__ = ["TracekitError", "InputError", "OutputError", "CaptureError", "UsageError", "MissingDependency", "require", "Quality",
+           "QualityLog", "os_reason"]
 
 
 class TracekitError(Exception):
@@ -42,6 +44,24 @@ class UsageError(TracekitError):
     """Options that contradict each other or name things that do not exist."""
 
     exit_code = 64
+
+
+class MissingDependency(UsageError):
+    """An optional dependency is not installed; the message names the extra that provides it."""
+
+
+def require(module: str, extra: str, purpose: str) -> ModuleType:
+    """``import module``; when its top package is not installed, :class:`MissingDependency`:
+    ``<purpose> needs <package>, which is not installed: pip install 'tracekit[<extra>]'``. Any other
+    import error (a bug inside the package) propagates unchanged."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name != module.split(".")[0]:  # the package is there, something inside it is not: a bug
+            raise
+        raise MissingDependency(f"{purpose} needs {e.name}, which is not installed: pip install 'tracekit[{extra}]'") from None
 
 
 def os_reason(e: OSError, *, writing: bool) -> str:

@@ -61,8 +61,6 @@ def _parse_hook(v: str | None) -> tuple[str, int] | None:
     return label, int(n) if n.isdigit() and int(n) > 0 else 1
 
 
-_State.hook = _parse_hook(os.environ.get(TEST_SIGINT_AT))
-
 def _unsafe(f: Any) -> bool:
     """A frame in which an exception must not start: polars' Python code (its Rust code may be below,
     calling back into Python: the exception would become a panic), or ``Thread.join``'s wait on the
@@ -139,7 +137,8 @@ def restore(prev: Any) -> None:
 
 
 def reset() -> None:
-    """Forget an earlier Ctrl-C (a new command starts)."""
+    """Forget an earlier Ctrl-C (a new command starts); read the fault-injection hook (``TRACEKIT_TEST_SIGINT_AT``)."""
+    _State.hook = _parse_hook(_env.get(TEST_SIGINT_AT))
     _State.pending = False
     _State.count = 0
     _State.hook_seen = 0

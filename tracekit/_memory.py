@@ -11,8 +11,10 @@ rank's frames). Three allocators hold freed memory back by default:
   300 ms 11.3 s, 550 MB / 13.1 s, 708 MB; 100 ms gives 11.4 s, 539 MB /
   13.0 s, 683 MB (1.5x the rank's JSON instead of 1.7x); 0 ms costs ~3 s more.
   It reads ``_RJEM_MALLOC_CONF`` when polars loads, so :func:`configure_env`
-  runs from ``tracekit/__init__`` (before polars is imported, if it is not
-  yet) and never overrides a value the user set.
+  runs first thing in the CLI entry (``tracekit.cli.main``, before any command
+  imports polars) and never overrides a value the user set. Importing tracekit
+  changes nothing; a program that uses the library calls
+  ``tracekit.configure_env()`` before it imports polars to get the same setting.
 * pyarrow's jemalloc pool (JSON parser, Parquet writer): decay set to 1 s at runtime
   (0 saved ~20 MB but cost ~2 s of page faults per 1M-kernel conversion).
 * glibc malloc raises its mmap threshold after large frees, so later 4 MB text
@@ -26,8 +28,11 @@ All of this is best effort; nothing fails if a platform lacks a knob.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
+from typing import Any
+
 from tracekit import _env
 
 __all__ = ["configure_env", "tune_runtime", "release_memory"]
@@ -42,8 +47,6 @@ POLARS_JEMALLOC_CONF_ANALYZE = "dirty_decay_ms:1000,muzzy_decay_ms:0"
 ANALYZE_COMMANDS = frozenset({"analyze", "diff", "timeline", "export", "replay"})
 #: pyarrow's jemalloc pool: decay of freed pages (ms)
 ARROW_DECAY_MS = 1000
-_tuned = False
-_libc = None
 
 
 def cli_command(argv: list[str] | None = None) -> str | None:
@@ -70,19 +73,20 @@ def polars_jemalloc_conf(command: str | None = None) -> str:
     return f"{conf},narenas:{max(1, ncpu // 4)}"
 
 
-def configure_env() -> None:
-    """Set allocator environment defaults (no-op for a variable the user set)."""
-    if "polars" not in sys.modules:
-        os.environ.setdefault(_env.JEMALLOC_CONF, polars_jemalloc_conf(cli_command()))
+def configure_env(argv: list[str] | None = None) -> bool:
+    """Set polars' allocator default for the command ``argv`` runs (default ``sys.argv``: :func:`cli_command`);
+    no-op for a variable the user set. Returns False (and sets nothing) once polars is loaded: too late."""
+    if "polars" in sys.modules:
+        return False
+    _env.set_default(_env.JEMALLOC_CONF, polars_jemalloc_conf(cli_command(argv)))
+    return True
 
 
+@functools.cache
 def tune_runtime() -> None:
-    """Runtime allocator knobs (idempotent): pyarrow's jemalloc returns freed pages promptly."""
-    global _tuned
-    if _tuned:
-        return
-    _tuned = True
-    env = os.environ.get(_env.ARROW_DECAY_MS, "")
+    """Runtime allocator knobs (once per process; later calls do nothing): pyarrow's jemalloc returns freed pages
+    promptly (:data:`ARROW_DECAY_MS`, or ``TRACEKIT_ARROW_DECAY_MS``)."""
+    env = _env.get(_env.ARROW_DECAY_MS) or ""
     try:
         import pyarrow as pa
 
@@ -91,16 +95,24 @@ def tune_runtime() -> None:
         pass
 
 
+@functools.cache
+def _libc() -> Any:
+    """The C library of this process (loaded once); None where there is no glibc to trim."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None)
+    except OSError:
+        return None
+
+
 def release_memory() -> None:
     """Hand freed heap memory back to the OS (glibc ``malloc_trim``); call between ranks."""
-    global _libc
-    if not sys.platform.startswith("linux"):
-        return
+    lib = _libc()
     try:
-        if _libc is None:
-            import ctypes
-
-            _libc = ctypes.CDLL(None)
-        _libc.malloc_trim(0)
-    except (OSError, AttributeError):
+        if lib is not None:
+            lib.malloc_trim(0)
+    except AttributeError:  # a C library without malloc_trim (musl)
         pass

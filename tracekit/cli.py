@@ -38,6 +38,7 @@ except ImportError:  # pragma: no cover - older typer: click itself
     from click import exceptions as _cx  # type: ignore[no-redef]  # noqa: E402
 
 from tracekit._errors import TracekitError  # noqa: E402
+from tracekit._memory import configure_env  # noqa: E402
 from tracekit.commands import _common  # noqa: E402
 from tracekit import _env  # noqa: E402
 
@@ -152,13 +153,7 @@ def _help_text(doc: str, docs_page: str | None) -> str:
 
 
 for _name in _COMMANDS:
-    try:
-        _mod = importlib.import_module(f"tracekit.commands.{_name}")
-    except ModuleNotFoundError as _e:  # a command not built yet
-        if _e.name != f"tracekit.commands.{_name}":
-            raise
-        continue
-    _mod.register(app)
+    importlib.import_module(f"tracekit.commands.{_name}").register(app)
 
 for _info in app.registered_commands:
     if _info.cls in (None, TyperCommand):
@@ -178,6 +173,8 @@ def _on_sigterm(signum: int, frame: object) -> None:
 def main() -> None:
     """Console entry point."""
     from tracekit import _interrupt
+
+    configure_env()  # polars' allocator default for this command, before a command imports polars (tracekit._memory)
 
     try:
         prev = signal.signal(signal.SIGTERM, _on_sigterm)

@@ -1,57 +1,107 @@
-"""Allocator tuning (tracekit/_memory.py): defaults only, never overriding the user."""
+"""Allocator tuning (tracekit/_memory.py): set by the CLI entry before polars loads, defaults only, never
+overriding the user; importing tracekit changes nothing."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from typing import Any
+
+import pytest
+
+from tracekit import _memory
+from tracekit._memory import POLARS_JEMALLOC_CONF, POLARS_JEMALLOC_CONF_ANALYZE, cli_command
+
+#: runs tracekit.cli.main() for ``argv`` with the command replaced by a probe: the variable as the command would see
+#: it, and whether polars was loaded before main() set it
+_PROBE = ("import sys, os; sys.argv = {argv!r}; import tracekit.cli as c; loaded = 'polars' in sys.modules; "
+          "c._run = lambda: print(os.environ.get('_RJEM_MALLOC_CONF', ''), loaded); c.main()")
 
 
-def _env_after_import(env: dict[str, str]) -> str:
-    code = "import os, tracekit; print(os.environ.get('_RJEM_MALLOC_CONF', ''))"
+def _run(code: str, env: dict[str, str]) -> str:
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.strip()
 
 
-def test_polars_allocator_default_is_set_before_polars_loads(monkeypatch) -> None:
-    import os
+def _clean_env(**extra: str) -> dict[str, str]:
+    return {**{k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}, **extra}
 
-    env = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
-    from tracekit._memory import POLARS_JEMALLOC_CONF
 
-    conf = _env_after_import(env)
+def test_importing_tracekit_sets_nothing() -> None:
+    code = "import os, tracekit, tracekit.cli; print(repr(os.environ.get('_RJEM_MALLOC_CONF')))"
+    assert _run(code, _clean_env()) == "None"
+
+
+def test_the_cli_sets_the_decay_before_polars_loads() -> None:
+    out = _run(_PROBE.format(argv=["/venv/bin/tracekit", "convert", "x.json"]), _clean_env())
+    conf, loaded = out.split()
+    assert loaded == "False"  # importing the CLI and its commands loads no polars: the setting still takes effect
     assert POLARS_JEMALLOC_CONF == "dirty_decay_ms:100,muzzy_decay_ms:0"
     assert conf.startswith(POLARS_JEMALLOC_CONF + ",narenas:")
     assert int(conf.rsplit(":", 1)[1]) >= 1
 
 
-def test_analysis_commands_get_the_longer_decay() -> None:
-    import os
+@pytest.mark.parametrize("command,conf", [("analyze", POLARS_JEMALLOC_CONF_ANALYZE), ("diff", POLARS_JEMALLOC_CONF_ANALYZE),
+                                          ("convert", POLARS_JEMALLOC_CONF), ("capture", POLARS_JEMALLOC_CONF)])
+def test_analysis_commands_get_the_longer_decay(command: str, conf: str) -> None:
+    out = _run(_PROBE.format(argv=["/venv/bin/tracekit", command, "t.parquet"]), _clean_env())
+    assert out.split()[0].startswith(conf + ",narenas:")
 
-    from tracekit._memory import POLARS_JEMALLOC_CONF, POLARS_JEMALLOC_CONF_ANALYZE, cli_command
 
+def test_cli_command() -> None:
     assert cli_command(["/venv/bin/tracekit", "analyze", "t.parquet"]) == "analyze"
     assert cli_command(["/venv/bin/tracekit", "-q", "convert", "x.json"]) == "convert"
     assert cli_command(["-m", "timeline", "t.parquet"]) == "timeline"
+    assert cli_command(["/x/tracekit/cli.py", "replay", "t.parquet"]) == "replay"
     assert cli_command(["/usr/bin/pytest", "analyze"]) is None  # another program: the default
-    env = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
-    code = "import sys; sys.argv = ['/venv/bin/tracekit', '{}', 't.parquet']; import os, tracekit; print(os.environ['_RJEM_MALLOC_CONF'])"
-    run = lambda cmd: subprocess.run([sys.executable, "-c", code.format(cmd)], env=env, capture_output=True, text=True,  # noqa: E731
-                                     check=True).stdout.strip()
-    assert run("analyze").startswith(POLARS_JEMALLOC_CONF_ANALYZE + ",narenas:")
-    assert run("diff").startswith(POLARS_JEMALLOC_CONF_ANALYZE + ",narenas:")
-    assert run("convert").startswith(POLARS_JEMALLOC_CONF + ",narenas:")
-    assert run("capture").startswith(POLARS_JEMALLOC_CONF + ",narenas:")
 
 
 def test_user_setting_wins() -> None:
-    import os
-
-    env = dict(os.environ, _RJEM_MALLOC_CONF="dirty_decay_ms:10000")
-    assert _env_after_import(env) == "dirty_decay_ms:10000"
+    out = _run(_PROBE.format(argv=["/venv/bin/tracekit", "analyze", "t"]), _clean_env(_RJEM_MALLOC_CONF="dirty_decay_ms:10000"))
+    assert out.split()[0] == "dirty_decay_ms:10000"
 
 
-def test_runtime_knobs_are_idempotent_and_safe() -> None:
-    from tracekit._memory import release_memory, tune_runtime
+def test_library_use_opts_in() -> None:
+    code = "import os, tracekit; print(tracekit.configure_env(), os.environ['_RJEM_MALLOC_CONF'])"
+    ok, conf = _run(code, _clean_env()).split()
+    assert ok == "True" and conf.startswith(POLARS_JEMALLOC_CONF + ",narenas:")
+    # polars already loaded (it sets its own default as it loads): too late, nothing changes
+    late = ("import os, polars, tracekit; v = os.environ.get('_RJEM_MALLOC_CONF'); "
+            "print(tracekit.configure_env(), os.environ.get('_RJEM_MALLOC_CONF') == v)")
+    assert _run(late, _clean_env()) == "False True"
 
-    tune_runtime()
-    tune_runtime()
-    release_memory()
+
+def test_tune_runtime_sets_the_arrow_decay_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyarrow as pa
+
+    calls: list[int] = []
+    monkeypatch.setattr(pa, "jemalloc_set_decay_ms", calls.append)
+    monkeypatch.setenv("TRACEKIT_ARROW_DECAY_MS", "250")
+    _memory.tune_runtime.cache_clear()
+    try:
+        _memory.tune_runtime()
+        _memory.tune_runtime()
+        assert calls == [250]
+        monkeypatch.delenv("TRACEKIT_ARROW_DECAY_MS")
+        _memory.tune_runtime.cache_clear()
+        _memory.tune_runtime()
+        assert calls == [250, _memory.ARROW_DECAY_MS]
+    finally:
+        _memory.tune_runtime.cache_clear()
+
+
+def test_release_memory_trims_the_heap(monkeypatch: pytest.MonkeyPatch) -> None:
+    trims: list[int] = []
+
+    class Lib:
+        def malloc_trim(self, pad: int) -> int:
+            trims.append(pad)
+            return 1
+
+    lib: Any = Lib()
+    monkeypatch.setattr(_memory, "_libc", lambda: lib)
+    _memory.release_memory()
+    assert trims == [0]
+    monkeypatch.setattr(_memory, "_libc", lambda: None)  # no C library to trim: nothing happens, nothing fails
+    _memory.release_memory()
+    assert trims == [0]

@@ -227,16 +227,11 @@ def assemble(
     frames = frames_from_extras(extras)
     meta = build_metadata(opts, extras, world, quality, stopped_by=stopped_by)
     meta["source_files"] = [f.name for f in files]
-    try:
+    if files:
         from tracekit.ingest.convert import convert
-    except ImportError:
-        convert = None  # type: ignore[assignment]
-    if convert is not None and files:
+
         convert(files, out, force=force, extra_frames=frames, metadata=meta)
     else:
-        if files:
-            quality.add("capture_not_converted", "tracekit.ingest.convert unavailable; Kineto windows left out")
-            meta["quality"] = [q.to_json() for q in quality]
         write_trace(pl.concat(frames) if frames else empty_frame(), out, meta, force=force)
     return meta
 

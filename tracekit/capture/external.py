@@ -61,15 +61,15 @@ def program_env(run_dir: Path, spec: WindowSpec, step_re: list[str], base: dict[
                 module_context: bool = False) -> dict[str, str]:
     """The program's environment: capture dir and spec, boot dir first on PYTHONPATH; ``module_context``
     asks the hook for ``tk.mod[...]`` ranges around MoE/expert/router/attention modules."""
-    env = dict(os.environ if base is None else base)
+    env = _env.environ() if base is None else dict(base)
     if module_context:
         env[_env.MODULE_CONTEXT] = "1"
     else:
         env.pop(_env.MODULE_CONTEXT, None)
-    env["TRACEKIT_CAPTURE_DIR"] = str(run_dir)
-    env["TRACEKIT_CAPTURE_SPEC"] = json.dumps({"spec": spec.to_json(), "step_re": step_re})
-    env["TRACEKIT_PKG_PARENT"] = str(_PKG_PARENT)
-    env["PYTHONPATH"] = os.pathsep.join([str(_BOOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env[_env.CAPTURE_DIR] = str(run_dir)
+    env[_env.CAPTURE_SPEC] = json.dumps({"spec": spec.to_json(), "step_re": step_re})
+    env[_env.PKG_PARENT] = str(_PKG_PARENT)
+    env[_env.PYTHONPATH] = os.pathsep.join([str(_BOOT)] + ([env[_env.PYTHONPATH]] if env.get(_env.PYTHONPATH) else []))
     return env  # the program's own networking is left alone (tracekit's coordination is the file board)
 
 

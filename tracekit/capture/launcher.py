@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from tracekit import _env
 from tracekit._errors import CaptureError, UsageError
 
 __all__ = ["LaunchResult", "hook_env", "server_url_from_args", "wait_until_ready", "launch"]
@@ -35,11 +36,11 @@ class LaunchResult:
 
 def hook_env(step_dir: Path, bootstrap_dir: Path, base: dict[str, str] | None = None) -> dict[str, str]:
     """The child's environment: hook gate, step dir, bootstrap dir first on PYTHONPATH."""
-    env = dict(os.environ if base is None else base)
-    env["TRACEKIT_SGLANG_HOOK"] = "1"
-    env["TRACEKIT_STEP_DIR"] = str(step_dir)
-    rest = env.get("PYTHONPATH", "")
-    env["PYTHONPATH"] = str(bootstrap_dir) + (os.pathsep + rest if rest else "")
+    env = _env.environ() if base is None else dict(base)
+    env[_env.SGLANG_HOOK] = "1"
+    env[_env.STEP_DIR] = str(step_dir)
+    rest = env.get(_env.PYTHONPATH, "")
+    env[_env.PYTHONPATH] = str(bootstrap_dir) + (os.pathsep + rest if rest else "")
     return env
 
 

@@ -18,7 +18,6 @@ later (``python -m tracekit.capture.assemble DIR -o OUT``).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import tempfile
@@ -27,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from tracekit._errors import CaptureError, OutputError, QualityLog, TracekitError
+from tracekit import _env
+from tracekit._errors import CaptureError, OutputError, QualityLog, TracekitError, require
 from tracekit.capture.options import CaptureOptions
 
 __all__ = ["CaptureResult", "run_builtin", "resolve_device", "STOP_SIGNALS"]
@@ -48,7 +48,7 @@ class CaptureResult:
 
 def resolve_device(device: str, ranks: int | None) -> tuple[str, int]:
     """(device, world): ``auto`` picks all visible GPUs, else 8 CPU ranks."""
-    import torch
+    torch: Any = require("torch", "capture", "the built-in capture workload")
 
     n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if device == "auto":
@@ -66,9 +66,9 @@ def resolve_device(device: str, ranks: int | None) -> tuple[str, int]:
 
 
 def _env_loopback() -> None:
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    _env.set_default(_env.GLOO_SOCKET_IFNAME, "lo")
+    _env.set_default(_env.NCCL_SOCKET_IFNAME, "lo")
+    _env.set_default(_env.MASTER_ADDR, "127.0.0.1")
 
 
 def run_builtin(

@@ -158,23 +158,23 @@ def _write_json(path: Path, obj: Any) -> None:
 
 def install(t0_ns: int | None = None) -> bool:
     """Hook this process (see the module docstring); False when not asked to or already done."""
-    out_s = os.environ.get(ENV_DIR)
+    out_s = _env.get(ENV_DIR)
     if not out_s or _STATE:
         return False
     out = Path(out_s)
-    cfg = json.loads(os.environ.get(ENV_SPEC) or "{}")
+    cfg = json.loads(_env.get(ENV_SPEC) or "{}")
     spec = WindowSpec.from_json(cfg.get("spec") or {})
     step_rxs = [re.compile(p) for p in (cfg.get("step_re") or [])]  # the grammar's families (one regex each)
     t0 = int(t0_ns or time.time_ns())
-    if "RANK" in os.environ:
-        rank, world = int(os.environ["RANK"]), int(os.environ.get("WORLD_SIZE", "1"))
+    launched = _env.is_set(_env.RANK)
+    if launched:
+        rank, world = int(_env.get(_env.RANK) or ""), int(_env.get(_env.WORLD_SIZE) or "1")
     else:
         rank, world = _claim_rank(out), 1
-    leader = rank == 0 or "RANK" not in os.environ
-    board = FileBoard(out / ("board.jsonl" if "RANK" in os.environ else f"board.rank{rank}.jsonl"))
+    leader = rank == 0 or not launched
+    board = FileBoard(out / ("board.jsonl" if launched else f"board.rank{rank}.jsonl"))
     _write_json(out / f"rank{rank}.state.json", {"rank": rank, "world": world, "pid": os.getpid(), "t0_ns": t0,
-                                                 "local_rank": os.environ.get("LOCAL_RANK"),
-                                                 "launched": "RANK" in os.environ})
+                                                 "local_rank": _env.get(_env.LOCAL_RANK), "launched": launched})
     import torch
     from torch.autograd import profiler as _ap
 
@@ -203,7 +203,7 @@ def install(t0_ns: int | None = None) -> bool:
             pass
         _write_json(out / f"rank{rank}.extra.json", {
             "rank": rank, "world": world, "pid": os.getpid(), "t0_ns": t0, "torch": torch.__version__,
-            "cuda_device": dev, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "cuda_device": dev, "cuda_visible_devices": _env.get(_env.CUDA_VISIBLE_DEVICES),
             "windows": c.windows, "errors": c.errors, "done_reason": c.done_reason,
             "capture_start_ns": c.capture_start_ns, "steps_seen": c.steps_seen,
             "records": records, "records_dropped": st.get("dropped", 0),
@@ -324,7 +324,7 @@ def install(t0_ns: int | None = None) -> bool:
     else:
         _say(f"rank {rank}: torch imported off the main thread; windows follow steps only")
     _STATE.update(ctl=ctl, records=records, finish=finish)
-    if os.environ.get(_env.MODULE_CONTEXT) == "1":
+    if _env.flag(_env.MODULE_CONTEXT):
         try:  # opt-in (capture --module-context): its overhead is well above 1% of a fast step on a GPU
             from tracekit.capture import module_context
 

@@ -445,15 +445,12 @@ def _level_out(out: Path, level: int, many: bool) -> Path:
 
 
 class _Telemetry:
-    """Local GPU telemetry for the server's GPUs, if ``tracekit.capture.telemetry`` and a driver exist."""
+    """Local GPU telemetry for the server's GPUs, if a driver (NVML) exists."""
 
     def __init__(self, server_info: dict[str, Any], notes: list[Quality], log: Callable[[str], None]) -> None:
+        from tracekit.capture.telemetry import TelemetrySampler
+
         self.samplers: list[Any] = []
-        try:
-            from tracekit.capture.telemetry import TelemetrySampler
-        except ImportError as e:
-            notes.append(Quality("telemetry_unavailable", f"no GPU telemetry: tracekit.capture.telemetry not importable ({e})", "info"))
-            return
         try:
             tp = int(server_info.get("tp_size") or 1)
             base = int(server_info.get("base_gpu_id") or 0)
@@ -716,10 +713,6 @@ def _sleep_with_progress(duration_s: float, say: Callable[[str], None], gen: Any
 
 
 def _convert(files: list[Path], out: Path, *, extra_frames: list[Any], metadata: dict[str, Any], force: bool) -> Any:
-    try:
-        from tracekit.ingest.convert import convert
-    except ImportError as e:
-        d = files[0].parent if files else "?"
-        raise CaptureError(f"cannot convert: tracekit.ingest.convert unavailable ({e}); the traces are in {d}, "
-                           "convert them later with `tracekit convert`") from None
+    from tracekit.ingest.convert import convert
+
     return convert(list(files), out, force=force, extra_frames=extra_frames, metadata=metadata)

@@ -54,7 +54,7 @@ _EXTEND_LIKE = {"EXTEND", "MIXED", "SPLIT_PREFILL", "DLLM_EXTEND", "DRAFT_EXTEND
 
 def enabled() -> bool:
     """True when the env gate ``TRACEKIT_SGLANG_HOOK=1`` is set."""
-    return os.environ.get(ENV_ENABLE, "") == "1"
+    return _env.flag(ENV_ENABLE)
 
 
 def register() -> None:
@@ -187,19 +187,12 @@ def _resolve_rank(runner: Any) -> tuple[int, int | None]:
     except Exception:  # noqa: BLE001
         rank = None
     if rank is None:
-        rank = tp if tp is not None else (_env_int("RANK") or 0)
+        rank = tp if tp is not None else (_env.int_value(_env.RANK) or 0)
     return rank, tp
 
 
-def _env_int(name: str) -> int | None:
-    try:
-        return int(os.environ[name])
-    except (KeyError, ValueError):
-        return None
-
-
 def _write_record(rec: dict[str, Any]) -> None:
-    d = os.environ.get(ENV_STEP_DIR)
+    d = _env.get(ENV_STEP_DIR)
     if not d:
         return
     st = _STATE
@@ -281,7 +274,7 @@ def forward_hook(original_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> 
             st.ranges[1]()
         t1 = time.time_ns()
         st.local.active = False
-    if os.environ.get(ENV_STEP_DIR):
+    if _env.get(ENV_STEP_DIR):
         try:
             _record(runner, fb, out, label, is_draft, t0, t1)
         except Exception:  # noqa: BLE001 - recording is best effort, never breaks serving

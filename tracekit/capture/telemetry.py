@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from tracekit import _env
+
 __all__ = ["TelemetrySampler", "link_info", "COUNTER_SRC", "FI_POWER_INSTANT", "FI_PCIE_TX", "FI_PCIE_RX"]
 
 COUNTER_SRC = "tracekit.telemetry"
@@ -263,9 +265,8 @@ def visible_gpus(nvml: Any, env: dict[str, str] | None = None) -> list[int]:
     CUDA numbers devices fastest-first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; NVML by PCI bus.
     On machines of one GPU model the two orders agree. UUID entries are looked up by UUID.
     """
-    env = dict(env if env is not None else __import__("os").environ)
+    cvd = env.get(_env.CUDA_VISIBLE_DEVICES) if env is not None else _env.get(_env.CUDA_VISIBLE_DEVICES)
     n = int(nvml.nvmlDeviceGetCount())
-    cvd = env.get("CUDA_VISIBLE_DEVICES")
     if cvd is None or cvd.strip() == "":
         return list(range(n)) if cvd is None else []
     out: list[int] = []

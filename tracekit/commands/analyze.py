@@ -50,13 +50,8 @@ def register(app: typer.Typer) -> None:
         if html is not None:
             from tracekit.schema import read_trace
 
-            try:
-                from tracekit.report.timeline_html import render_timeline
-            except ImportError:
-                from tracekit._errors import UsageError
-
-                raise UsageError("--html: the timeline reporter is not available in this build") from None
             from tracekit.report.timeline_data import views_analysis
+            from tracekit.report.timeline_html import render_timeline
 
             df, meta = read_trace(trace)
             render_timeline(df, meta, views_analysis(result), html, force=force)

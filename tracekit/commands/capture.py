@@ -52,10 +52,8 @@ def check_cpu_ranks(device: str, world: int, oversubscribe: bool) -> None:
 
 
 def _sglang_detected(url: str) -> bool:
-    try:
-        from tracekit.capture.sglang_client import detect_server
-    except ImportError:
-        return False
+    from tracekit.capture.sglang_client import detect_server
+
     try:
         return bool(detect_server(url, 0.5))
     except Exception:  # noqa: BLE001 - detection must never break the default path

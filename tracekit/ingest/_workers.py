@@ -8,6 +8,7 @@ worker ``cores // N`` threads (at least one) unless the user chose a number.
 from __future__ import annotations
 
 import os
+
 from tracekit import _env
 
 __all__ = ["init_worker", "worker_threads"]
@@ -29,5 +30,5 @@ def init_worker(threads: int) -> None:
     # Ctrl-C reaches the whole process group: the parent stops the pool and cleans up; a worker
     # must not die on its own with a KeyboardInterrupt traceback
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    os.environ.setdefault(_env.PARSE_THREADS, str(threads))
-    os.environ.setdefault(_env.POLARS_MAX_THREADS, str(threads))
+    _env.set_default(_env.PARSE_THREADS, str(threads))
+    _env.set_default(_env.POLARS_MAX_THREADS, str(threads))

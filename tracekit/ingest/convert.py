@@ -643,10 +643,8 @@ def _align(metas: list[dict[str, Any]], ranks: list[int], quality: QualityLog, e
     """Per-rank clock offsets from matched collective end times (small cross-rank pass)."""
     if not enabled or len(ranks) < 2:
         return {}, {"applied": False, "reason": "single rank" if len(ranks) < 2 else "disabled"}
-    try:
-        from tracekit.core.align import align_clocks
-    except ImportError:
-        return {}, {"applied": False, "reason": "alignment unavailable"}
+    from tracekit.core.align import align_clocks
+
     comm_parts = [pl.read_parquet(m["comm_part"]) for m in metas if m.get("comm_part")]
     if not comm_parts:
         return {}, {"applied": False, "reason": "no collectives"}

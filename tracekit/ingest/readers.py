@@ -5,7 +5,9 @@ how to recognise a path (``detect``), how to read one source (``read``: raw rows
 rank or several) and, for sources that hold several ranks, how to split them (``split``).
 :func:`readers` finds every such module in this package, so adding a format (rocprof, vLLM, ...) is
 one new module; discovery (:mod:`tracekit.ingest.discover`) and convert ask the registry, never a
-format name.
+format name. A reader with an optional dependency imports it inside ``read`` with
+:func:`tracekit._errors.require`, so its module always imports and a missing package is a one-line
+error naming the extra to install.
 """
 
 from __future__ import annotations
@@ -46,10 +48,7 @@ def readers() -> tuple[Reader, ...]:
     for m in pkgutil.iter_modules(pkg.__path__):
         if m.name.startswith("_") or m.name in ("readers", "discover", "convert", "common", "rankwrite"):
             continue
-        try:
-            mod = importlib.import_module(f"tracekit.ingest.{m.name}")
-        except ImportError:  # an optional reader whose dependency is missing
-            continue
+        mod = importlib.import_module(f"tracekit.ingest.{m.name}")  # an import error is a bug: it is not hidden
         r = getattr(mod, "READER", None)
         if isinstance(r, Reader):
             found.append(r)
