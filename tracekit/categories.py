@@ -9,6 +9,7 @@ by :func:`apply_context_rules` on a whole frame with vectorized joins.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -136,6 +137,12 @@ def _parse(doc: dict[str, Any], where: str) -> tuple[list[Rule], list[ContextRul
     return rules, ctx, doc.get("default") or {}
 
 
+def _mapping(data: Any, path: Path) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: a rules file is a JSON object with a 'rules' list; see schemas/categories_v1.json")
+    return data
+
+
 def _load_doc(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
@@ -145,7 +152,7 @@ def _load_doc(path: Path) -> dict[str, Any]:
         raise InputError(f"{path}: rules file is not UTF-8 text (byte {e.start}); write the rules as JSON or YAML text") from None
     if path.suffix in (".yaml", ".yml"):
         try:
-            import yaml  # type: ignore[import-untyped]
+            import yaml
         except ImportError:
             raise InputError(f"{path}: YAML rules need PyYAML (pip install pyyaml), or write the rules as JSON") from None
         try:
@@ -158,24 +165,19 @@ def _load_doc(path: Path) -> dict[str, Any]:
                              "(format: schemas/categories_v1.json)") from None
         if isinstance(data, list):  # bare list of rules, as in kernel_families.md
             data = {"rules": data}
-        return data
+        return _mapping(data, path)
     try:
-        return json.loads(text)
+        return _mapping(json.loads(text), path)
     except ValueError as e:
         raise InputError(f"{path}: not valid JSON ({e}); see schemas/categories_v1.json for the format") from None
 
 
-_DEFAULT: RuleSet | None = None
-
-
+@functools.cache
 def default_rules() -> RuleSet:
-    """The shipped rules (cached)."""
-    global _DEFAULT
-    if _DEFAULT is None:
-        p = schema_file("categories_v1.json")
-        rules, ctx, dflt = _parse(_load_doc(p), str(p))
-        _DEFAULT = RuleSet(rules, dflt.get("id", "other"), dflt.get("category", "other_compute"), ctx, [str(p)])
-    return _DEFAULT
+    """The shipped rules (read once per process)."""
+    p = schema_file("categories_v1.json")
+    rules, ctx, dflt = _parse(_load_doc(p), str(p))
+    return RuleSet(rules, dflt.get("id", "other"), dflt.get("category", "other_compute"), ctx, [str(p)])
 
 
 def load_rules(path: str | Path | None = None, *, replace: bool = False) -> RuleSet:

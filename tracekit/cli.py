@@ -11,7 +11,7 @@ import os
 import re
 import signal
 import sys
-from typing import Any
+from typing import Any, Sequence
 
 
 def _interrupted_while_starting(signum: int, frame: object) -> None:
@@ -69,15 +69,15 @@ class _Group(TyperGroup):
         _flags_read_as_flags([opt] if opt is not None else [])
         return opt
 
-    def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None, standalone_mode: bool = True,
-             **extra: Any) -> Any:
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, windows_expand_args: bool = True, **extra: Any) -> Any:
         """click's own parse errors (a value it cannot parse, an unknown option, a missing argument, an
         unknown command) as one line naming the option and the remedy, exit 2, instead of its usage box."""
         prog_name = prog_name or "tracekit"
         if not standalone_mode:
-            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            return super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
         try:
-            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            rv = super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
         except _cx.UsageError as e:
             if type(e).__name__ == "NoArgsIsHelpError":  # `tracekit` or a group alone: its help, as before
                 e.show()

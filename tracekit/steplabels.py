@@ -114,7 +114,7 @@ def label_fields(names: pl.DataFrame, family: str, rx: str, col: str = "_sn") ->
     g = n.str.extract_groups(rx).struct if groups else None
 
     def grp(name: str) -> pl.Expr:
-        return g.field(name) if g is not None and name in groups else pl.lit(None, dtype=pl.String)  # type: ignore[union-attr]
+        return g.field(name) if g is not None and name in groups else pl.lit(None, dtype=pl.String)
 
     if family in ("tk.fwd", "sglang.step"):
         mode, bs, tok, sid = grp("mode"), grp("bs").cast(pl.Int32, strict=False), grp("tok").cast(pl.Int64, strict=False), None

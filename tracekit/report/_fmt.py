@@ -62,62 +62,12 @@ def fit_tables(title: str, cols: Sequence[Col], rows: Sequence[Sequence[object]]
     each other, they are split over several tables, each repeating the key columns
     ("title (2/3)"). Only text columns give up width (ellipsis), down to ``min_width``.
     """
-    need, floor = [], []
-    for i, c in enumerate(cols):
-        cells = max((_w(r[i]) for r in rows), default=0)
-        hdr = cell_len(c.header)
-        if c.kind == "text":
-            w = max(cells, hdr)
-            if c.max_width:
-                w = min(w, max(c.max_width, hdr))
-            need.append(w)
-            floor.append(min(w, max(c.min_width, hdr)))
-        else:
-            # a header longer than the numbers keeps its width unless it may wrap (a run label), never cut
-            w = max(cells, min(hdr, max(cells, 8)) if c.wrap_header else hdr, 1)
-            need.append(w)
-            floor.append(w)
-
-    def total(idx: list[int], widths: list[int]) -> int:  # box chars + 1 padding each side per column
-        return sum(widths[i] for i in idx) + 3 * len(idx) + 1
-
-    keys = [i for i, c in enumerate(cols) if c.key]
-    units: list[list[int]] = []  # non-key columns, consecutive ones of a group together
-    for i, c in enumerate(cols):
-        if c.key:
-            continue
-        if units and c.group is not None and cols[units[-1][-1]].group == c.group:
-            units[-1].append(i)
-        else:
-            units.append([i])
-    rest = [i for u in units for i in u]
-
-    def split(cap: float) -> list[list[int]]:  # greedy, in column order; a part holds at most `cap` of non-key width
-        parts: list[list[int]] = []
-        cur: list[int] = []
-        for u in units:
-            if cur and (total(sorted(keys + cur + u), floor) > width or sum(floor[j] + 3 for j in cur + u) > cap):
-                parts.append(cur)
-                cur = []
-            if len(u) > 1 and total(sorted(keys + u), floor) > width:  # the group alone is too wide: split it
-                for i in u:
-                    if cur and total(sorted(keys + cur + [i]), floor) > width:
-                        parts.append(cur)
-                        cur = []
-                    cur.append(i)
-                continue
-            cur.extend(u)
-        return [*parts, cur] if cur or not parts else parts
-
-    k = len(split(float("inf")))
-    cap = sum(floor[j] + 3 for j in rest) / max(k, 1)
-    while len(split(cap)) > k:  # balance the parts: the smallest cap that needs no more parts than greedy
-        cap += 1
-    parts = [sorted(keys + p) for p in split(cap)]
+    need, floor = _widths(cols, rows)
+    parts = _parts(cols, floor, width)
     out: list[Any] = []
     for n, idx in enumerate(parts):
         widths = list(floor)
-        spare = width - total(idx, floor)
+        spare = width - _total(idx, floor)
         for i in idx:  # text columns take back what is left, in order
             if cols[i].kind == "text" and spare > 0:
                 add = min(need[i] - floor[i], spare)
@@ -135,6 +85,69 @@ def fit_tables(title: str, cols: Sequence[Col], rows: Sequence[Sequence[object]]
         head = Text(title if len(parts) == 1 else f"{title} ({n + 1}/{len(parts)})", style="italic")
         out.append(Group(head, t))  # the title wraps at the console width, not at a narrow table's
     return out
+
+
+def _widths(cols: Sequence[Col], rows: Sequence[Sequence[object]]) -> tuple[list[int], list[int]]:
+    """Each column's wanted width and the least it may take (text: ``min_width``; numbers: all of it)."""
+    need, floor = [], []
+    for i, c in enumerate(cols):
+        cells = max((_w(r[i]) for r in rows), default=0)
+        hdr = cell_len(c.header)
+        if c.kind == "text":
+            w = max(cells, hdr)
+            if c.max_width:
+                w = min(w, max(c.max_width, hdr))
+            need.append(w)
+            floor.append(min(w, max(c.min_width, hdr)))
+        else:
+            # a header longer than the numbers keeps its width unless it may wrap (a run label), never cut
+            w = max(cells, min(hdr, max(cells, 8)) if c.wrap_header else hdr, 1)
+            need.append(w)
+            floor.append(w)
+    return need, floor
+
+
+def _total(idx: list[int], widths: list[int]) -> int:
+    """A table's width: its columns, box chars and 1 padding each side per column."""
+    return sum(widths[i] for i in idx) + 3 * len(idx) + 1
+
+
+def _parts(cols: Sequence[Col], floor: list[int], width: int) -> list[list[int]]:
+    """The columns of each table: the key columns plus the fewest balanced parts of the others that fit ``width``
+    (consecutive columns of one group stay together unless the group alone is too wide)."""
+    keys = [i for i, c in enumerate(cols) if c.key]
+    units: list[list[int]] = []  # non-key columns, consecutive ones of a group together
+    for i, c in enumerate(cols):
+        if c.key:
+            continue
+        if units and c.group is not None and cols[units[-1][-1]].group == c.group:
+            units[-1].append(i)
+        else:
+            units.append([i])
+    rest = [i for u in units for i in u]
+
+    def split(cap: float) -> list[list[int]]:  # greedy, in column order; a part holds at most `cap` of non-key width
+        parts: list[list[int]] = []
+        cur: list[int] = []
+        for u in units:
+            if cur and (_total(sorted(keys + cur + u), floor) > width or sum(floor[j] + 3 for j in cur + u) > cap):
+                parts.append(cur)
+                cur = []
+            if len(u) > 1 and _total(sorted(keys + u), floor) > width:  # the group alone is too wide: split it
+                for i in u:
+                    if cur and _total(sorted(keys + cur + [i]), floor) > width:
+                        parts.append(cur)
+                        cur = []
+                    cur.append(i)
+                continue
+            cur.extend(u)
+        return [*parts, cur] if cur or not parts else parts
+
+    k = len(split(float("inf")))
+    cap = sum(floor[j] + 3 for j in rest) / max(k, 1)
+    while len(split(cap)) > k:  # balance the parts: the smallest cap that needs no more parts than greedy
+        cap += 1
+    return [sorted(keys + p) for p in split(cap)]
 
 
 def bullets(items: Sequence[object], marker: str = "•") -> Table:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Mapping
 
@@ -123,20 +124,33 @@ def _x_events(f: pl.DataFrame, base: int, args: list[str]) -> pl.Series:
                     ).get_column("j")
 
 
-def _write(fh: IO[bytes], lines: pl.Series | list[str], state: dict[str, Any]) -> None:
-    _interrupt.check("export")  # Ctrl-C stops between chunks; the atomic writer removes the temp file
-    if isinstance(lines, pl.Series):
-        if lines.len() == 0:
-            return
-        text = ",\n".join(lines.to_list())
-        n = lines.len()
-    else:
-        if not lines:
-            return
-        text = ",\n".join(lines)
-        n = len(lines)
-    fh.write(((",\n" if state["n"] else "") + text).encode("utf-8"))
-    state["n"] += n
+class _Sink:
+    """The open output: writes JSON lines comma-separated, counts events and what was written (``stats``)."""
+
+    def __init__(self, fh: IO[bytes], base: int) -> None:
+        self.fh, self.base, self.n = fh, base, 0
+        self.stats = {"events": 0, "slices": 0, "flows": 0, "counters": 0, "instants": 0, "clipped": 0}
+
+    def write(self, lines: pl.Series | list[str]) -> None:
+        _interrupt.check("export")  # Ctrl-C stops between chunks; the atomic writer removes the temp file
+        if isinstance(lines, pl.Series):
+            if lines.len() == 0:
+                return
+            text = ",\n".join(lines.to_list())
+            n = lines.len()
+        else:
+            if not lines:
+                return
+            text = ",\n".join(lines)
+            n = len(lines)
+        self.fh.write(((",\n" if self.n else "") + text).encode("utf-8"))
+        self.n += n
+
+    def slices(self, f: pl.DataFrame, args: list[str]) -> None:
+        """X slices of ``f`` (already made sequential or nested: its ``_clipped`` column is counted)."""
+        self.stats["clipped"] += int(f.get_column("_clipped").sum())
+        self.write(_x_events(f, self.base, args))
+        self.stats["slices"] += f.height
 
 
 def _meta(pid: int, tid: int | None, kind: str, value: Any) -> str:
@@ -175,6 +189,11 @@ def _collective_flows(ops: pl.DataFrame, stream_tid: pl.DataFrame, analysis: Map
     return c.drop(["_end", "_arr2"]).with_row_index("id", offset=1)
 
 
+#: GPU-op columns written as a slice's args
+_OP_ARGS = ["kind", "family", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers_per_thread",
+            "shared_mem_bytes", "bytes", "correlation", "step_id", "stream", "coll_name", "pg_name", "coll_seq"]
+
+
 def export_perfetto(
     df: pl.DataFrame,
     meta: Mapping[str, Any] | None,
@@ -193,190 +212,208 @@ def export_perfetto(
     meta = meta or {}
     analysis = analysis or {}
     base, _end = capture_bounds(df, meta)
-    kind = pl.col("kind").cast(pl.String)
     ranks = sorted(df.get_column("rank").unique().to_list()) if df.height else []
-    gpu_names = {int(r.get("rank")): str(r.get("device_name")) for r in (meta.get("ranks") or [])
-                 if isinstance(r, Mapping) and r.get("rank") is not None and r.get("device_name")}
-    ops = gpu_ops(df)  # device work: GPU ops, or CPU-mode operators / gloo collectives (stream = thread id)
-    dev_ranges = ops.filter(pl.col("kind").cast(pl.String) == "range").select(
-        pl.col("rank"), pl.col("ts_ns"), pl.col("tid"), pl.lit(True).alias("_dev"))
-    ops = ops.drop("tid")
-    streams = ops.select("rank", "device", "stream").unique().sort(["rank", "device", "stream"]).with_columns(
-        (pl.int_range(pl.len()).over("rank") + TID_STREAM0).cast(pl.Int64).alias("tid"))
-    comm_threads = {(int(a), int(b)) for a, b in ops.filter(pl.col("device") == CPU_LANE).group_by(["rank", "stream"]).agg(
-        (pl.col("category") == "communication").all().alias("c")).filter(pl.col("c")).select("rank", "stream").iter_rows()}
-    stats = {"events": 0, "slices": 0, "flows": 0, "counters": 0, "instants": 0, "clipped": 0}
+    tracks = _Tracks.of(df, meta)
     stalls = analysis_events(analysis.get("stalls"))
     pcie = analysis_events(analysis.get("pcie_phases"))
-    flows = _collective_flows(ops, streams, analysis)
-
+    flows = _collective_flows(tracks.ops, tracks.streams, analysis)
     opener = gzip.open if name.endswith(".gz") else open
     with atomic_path(out, force=force) as tmp:
         kw: dict[str, Any] = {"compresslevel": compresslevel} if name.endswith(".gz") else {}
-        with opener(tmp, "wb", **kw) as fh:  # type: ignore[operator]
+        with opener(tmp, "wb", **kw) as fh:
             fh.write(b'{"traceEvents":[\n')
-            state = {"n": 0}
+            sink = _Sink(fh, base)
             for r in ranks:
-                pid = int(r) + 1
-                md = [_meta(pid, None, "process_name", f"rank {r}" + (f" ({gpu_names[r]})" if r in gpu_names else "")),
-                      _meta(pid, None, "process_sort_index", int(r))]
-                for tid, label in ((TID_STEPS, "steps"), (TID_RANGES, "ranges (NVTX / record_function)"),
-                                   (TID_STALLS, "stalls"), (TID_PCIE, "PCIe-bound")):
-                    md += [_meta(pid, tid, "thread_name", label), _meta(pid, tid, "thread_sort_index", tid)]
-                for dev, st, tid in streams.filter(pl.col("rank") == r).select("device", "stream", "tid").iter_rows():
-                    label = (f"CPU thread {st} ({'gloo collectives' if (int(r), int(st)) in comm_threads else 'forward ops'})"
-                             if dev == CPU_LANE else f"GPU {dev} stream {st}")
-                    md += [_meta(pid, tid, "thread_name", label), _meta(pid, tid, "thread_sort_index", tid)]
-                _write(fh, md, state)
-                rk = df.filter(pl.col("rank") == r)
-                # GPU ops: one track per stream, sequential
-                o = ops.filter(pl.col("rank") == r).join(streams, on=["rank", "device", "stream"], how="left")
-                if o.height:
-                    o = sequential_fix(o.select(
-                        pl.col("name").cast(pl.String), pl.col("category").alias("cat"), pl.lit(pid).alias("pid"),
-                        "tid", pl.col("ts_ns").alias("start"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("end"),
-                        pl.col("kind").cast(pl.String).alias("kind"), pl.col("family").cast(pl.String).alias("family"),
-                        "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers_per_thread",
-                        "shared_mem_bytes", "bytes", "correlation", "step_id",
-                        pl.col("coll_name").cast(pl.String), pl.col("pg_name").cast(pl.String), "coll_seq",
-                        pl.col("stream").alias("stream")))
-                    stats["clipped"] += int(o.get_column("_clipped").sum())
-                    args = ["kind", "family", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z",
-                            "registers_per_thread", "shared_mem_bytes", "bytes", "correlation", "step_id", "stream",
-                            "coll_name", "pg_name", "coll_seq"]
-                    _write(fh, _x_events(o, base, args), state)
-                    stats["slices"] += o.height
-                # steps
-                st = rk.filter(kind == "step")
-                if st.height:
-                    st = sequential_fix(st.select(
-                        pl.col("name").cast(pl.String), pl.lit("step").alias("cat"), pl.lit(pid).alias("pid"),
-                        pl.lit(TID_STEPS).alias("tid"), pl.col("ts_ns").alias("start"),
-                        (pl.col("ts_ns") + pl.col("dur_ns")).alias("end"), "step_id",
-                        pl.col("step_mode").cast(pl.String), "batch_size", "tokens", "profiled"))
-                    stats["clipped"] += int(st.get_column("_clipped").sum())
-                    _write(fh, _x_events(st, base, ["step_id", "step_mode", "batch_size", "tokens", "profiled"]), state)
-                    stats["slices"] += st.height
-                # ranges (CPU side) and GPU ranges per stream: nested tracks
-                rg = rk.filter(kind == "range").join(dev_ranges, on=["rank", "ts_ns", "tid"], how="left").filter(
-                    pl.col("_dev").is_null()).select(
-                    pl.col("name").cast(pl.String), pl.lit("range").alias("cat"), pl.lit(pid).alias("pid"),
-                    pl.lit(TID_RANGES).alias("tid"), pl.col("ts_ns").alias("start"),
-                    (pl.col("ts_ns") + pl.col("dur_ns")).alias("end"), pl.col("src").cast(pl.String))
-                gr = rk.filter(kind == "gpu_range").join(
-                    streams.with_columns((pl.col("tid") - TID_STREAM0 + TID_GPU_RANGE0).alias("tid")),
-                    on=["rank", "device", "stream"], how="inner").select(
-                    pl.col("name").cast(pl.String), pl.lit("gpu_range").alias("cat"), pl.lit(pid).alias("pid"),
-                    pl.col("tid"), pl.col("ts_ns").alias("start"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("end"),
-                    pl.col("src").cast(pl.String))
-                for gtid, sdev, sst in (gr.select("tid").unique().join(
-                        streams.with_columns((pl.col("tid") - TID_STREAM0 + TID_GPU_RANGE0).alias("tid")),
-                        on="tid").filter(pl.col("rank") == r).select("tid", "device", "stream").iter_rows()):
-                    _write(fh, [_meta(pid, gtid, "thread_name", f"GPU {sdev} stream {sst} ranges"),
-                                _meta(pid, gtid, "thread_sort_index", gtid)], state)
-                nested = [rg, gr]
-                if include_cpu:
-                    cpu = rk.filter(kind.is_in(["cpu_op", "runtime", "sync"]) & (pl.col("dur_ns") >= 0))
-                    if cpu.height:
-                        th = cpu.select(pl.col("tid").fill_null(0).alias("otid")).unique().sort("otid").with_columns(
-                            (pl.int_range(pl.len()) + TID_CPU0).cast(pl.Int64).alias("tid"))
-                        _write(fh, [m for otid, tid in th.iter_rows() for m in
-                                    (_meta(pid, tid, "thread_name", f"CPU thread {otid}"),
-                                     _meta(pid, tid, "thread_sort_index", tid))], state)
-                        cpu = cpu.with_columns(pl.col("tid").fill_null(0).alias("otid")).drop("tid").join(th, on="otid")
-                        nested.append(cpu.select(
-                            pl.col("name").cast(pl.String), kind.alias("cat"), pl.lit(pid).alias("pid"), "tid",
-                            pl.col("ts_ns").alias("start"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("end"),
-                            pl.col("src").cast(pl.String)))
-                        launches = cpu.filter(pl.col("correlation").is_not_null()).select(
-                            pl.col("tid").alias("ctid"), pl.col("correlation"), pl.col("ts_ns").alias("cs"),
-                            (pl.col("ts_ns") + pl.col("dur_ns") // 2).alias("cmid"))
-                        kl = ops.filter((pl.col("rank") == r) & pl.col("correlation").is_not_null()).join(
-                            streams, on=["rank", "device", "stream"]).join(launches, on="correlation").select(
-                            "ctid", "cs", "cmid", "tid", (pl.col("ts_ns") + pl.col("dur_ns") // 2).alias("kmid")).with_columns(
-                            # a flow never runs backwards: start no later than the kernel's middle (inside the call)
-                            pl.max_horizontal("cs", pl.min_horizontal("cmid", "kmid")).alias("cmid"))
-                        if kl.height:
-                            ids = np.arange(kl.height) + 1 + 10**9 * (int(r) + 1)
-                            kl = kl.with_columns(pl.Series("id", ids))
-                            s_ev = kl.select(pl.struct(pl.lit("launch").alias("name"), pl.lit("launch").alias("cat"),
-                                                       pl.lit("s").alias("ph"), "id", pl.lit(pid).alias("pid"),
-                                                       pl.col("ctid").alias("tid"),
-                                                       ((pl.col("cmid") - base) / _US).round(3).alias("ts"))
-                                             .struct.json_encode()).to_series()
-                            f_ev = kl.select(pl.struct(pl.lit("launch").alias("name"), pl.lit("launch").alias("cat"),
-                                                       pl.lit("f").alias("ph"), pl.lit("e").alias("bp"), "id",
-                                                       pl.lit(pid).alias("pid"), "tid",
-                                                       ((pl.col("kmid") - base) / _US).round(3).alias("ts"))
-                                             .struct.json_encode()).to_series()
-                            _write(fh, s_ev, state)
-                            _write(fh, f_ev, state)
-                            stats["flows"] += kl.height
-                for nf in nested:
-                    if nf.height == 0:
-                        continue
-                    nf = nest_fix(nf)
-                    stats["clipped"] += int(nf.get_column("_clipped").sum())
-                    over = nf.filter(pl.col("tid") >= _OVERFLOW).select("tid").unique()
-                    _write(fh, [_meta(pid, int(t), "thread_name", f"overflow of track {int(t) - _OVERFLOW}")
-                                for t in over.get_column("tid").to_list()], state)
-                    _write(fh, _x_events(nf, base, ["src"]), state)
-                    stats["slices"] += nf.height
-                # counters
-                cn = rk.filter((kind == "counter") & pl.col("value").is_not_null() & pl.col("value").is_finite())
-                if cn.height:
-                    names = cn.get_column("name").cast(pl.String).unique().to_list()
-                    units = {n: counter_group(n) for n in names}
-                    cn = cn.select(
-                        pl.col("name").cast(pl.String), pl.col("ts_ns"), pl.col("value"),
-                        pl.col("name").cast(pl.String).replace_strict({n: u[1] or "value" for n, u in units.items()})
-                        .alias("unit"),
-                        pl.col("name").cast(pl.String).replace_strict({n: u[2] for n, u in units.items()},
-                                                                      return_dtype=pl.Float64).alias("scale"))
-                    for unit, g in cn.partition_by("unit", as_dict=True).items():
-                        lines = g.select(pl.struct(
-                            "name", pl.lit("counter").alias("cat"), pl.lit("C").alias("ph"),
-                            ((pl.col("ts_ns") - base) / _US).round(3).alias("ts"), pl.lit(pid).alias("pid"),
-                            pl.struct((pl.col("value") * pl.col("scale")).alias(str(unit[0]))).alias("args"),
-                        ).struct.json_encode()).to_series()
-                        _write(fh, lines, state)
-                        stats["counters"] += g.height
-                # stalls (instants) and PCIe-bound phases (slices) from the analysis
-                inst = [json.dumps({"name": f"stall: {s['label'] or 'wait'}", "cat": "stall", "ph": "i", "s": "t",
-                                    "pid": pid, "tid": TID_STALLS, "ts": round((s["start_ns"] - base) / _US, 3),
-                                    "args": {"wait_ns": s["dur_ns"], "detail": s["detail"]}})
-                        for s in stalls if s["rank"] in (None, r)]
-                _write(fh, inst, state)
-                stats["instants"] += len(inst)
-                ph = [p for p in pcie if p["rank"] in (None, r)]
-                if ph:
-                    pf = sequential_fix(pl.DataFrame({
-                        "name": [f"PCIe-bound {p['label']}".strip() for p in ph], "cat": ["pcie"] * len(ph),
-                        "pid": [pid] * len(ph), "tid": [TID_PCIE] * len(ph), "start": [p["start_ns"] for p in ph],
-                        "end": [p["end_ns"] for p in ph], "detail": [p["detail"] for p in ph]}))
-                    _write(fh, _x_events(pf, base, ["detail"]), state)
-                    stats["slices"] += pf.height
-            # collective flows across ranks
-            if flows.height:
-                common = [pl.lit("collective").alias("name"), pl.lit("collective").alias("cat")]
-                s_ev = flows.select(pl.struct(*common, pl.lit("s").alias("ph"), "id", "pid", "tid",
-                                              ((pl.col("mid") - base) / _US).round(3).alias("ts"),
-                                              pl.struct(pl.col("pg"), pl.col("seq")).alias("args"))
-                                    .struct.json_encode()).to_series()
-                f_ev = flows.select(pl.struct(*common, pl.lit("f").alias("ph"), pl.lit("e").alias("bp"), "id",
-                                              pl.col("pid2").alias("pid"), pl.col("tid2").alias("tid"),
-                                              ((pl.col("mid2") - base) / _US).round(3).alias("ts"),
-                                              pl.struct(pl.col("pg"), pl.col("seq")).alias("args"))
-                                    .struct.json_encode()).to_series()
-                _write(fh, s_ev, state)
-                _write(fh, f_ev, state)
-                stats["flows"] += flows.height
+                _write_rank(sink, df.filter(pl.col("rank") == r), int(r), tracks, include_cpu)
+                _write_analysis(sink, int(r), stalls, pcie)
+            _write_collective_flows(sink, flows)
             other = {"tracekit_version": __version__, "tracekit_base_ns": str(base),
                      "clock_offsets_ns": meta.get("clock_offsets_ns"), "ranks": ranks,
-                     "slices_clipped_to_nest": stats["clipped"]}
+                     "slices_clipped_to_nest": sink.stats["clipped"]}
             fh.write(("\n],\"displayTimeUnit\":\"ns\",\"otherData\":" + json.dumps(other, default=str) + "}\n")
                      .encode("utf-8"))
-            stats["events"] = state["n"]
+            stats: dict[str, Any] = {**sink.stats, "events": sink.n}
     stats["bytes"] = out.stat().st_size
     stats["path"] = str(out)
     return stats
+
+
+@dataclass(frozen=True)
+class _Tracks:
+    """What every rank's tracks are made of: device ops (GPU ops, or CPU-mode operators / gloo collectives; stream =
+    thread id), one track id per (rank, device, stream), the device-side ranges, the CPU lanes that only run gloo
+    collectives and the GPU names."""
+
+    ops: pl.DataFrame
+    streams: pl.DataFrame
+    dev_ranges: pl.DataFrame
+    comm_threads: frozenset[tuple[int, int]]
+    gpu_names: dict[int, str]
+
+    @staticmethod
+    def of(df: pl.DataFrame, meta: Mapping[str, Any]) -> _Tracks:
+        ops = gpu_ops(df)
+        dev_ranges = ops.filter(pl.col("kind").cast(pl.String) == "range").select(
+            pl.col("rank"), pl.col("ts_ns"), pl.col("tid"), pl.lit(True).alias("_dev"))
+        ops = ops.drop("tid")
+        streams = ops.select("rank", "device", "stream").unique().sort(["rank", "device", "stream"]).with_columns(
+            (pl.int_range(pl.len()).over("rank") + TID_STREAM0).cast(pl.Int64).alias("tid"))
+        comm = ops.filter(pl.col("device") == CPU_LANE).group_by(["rank", "stream"]).agg(
+            (pl.col("category") == "communication").all().alias("c")).filter(pl.col("c")).select("rank", "stream")
+        names = {int(r["rank"]): str(r["device_name"]) for r in (meta.get("ranks") or [])
+                 if isinstance(r, Mapping) and r.get("rank") is not None and r.get("device_name")}
+        return _Tracks(ops, streams, dev_ranges, frozenset((int(a), int(b)) for a, b in comm.iter_rows()), names)
+
+
+def _write_rank(sink: _Sink, rk: pl.DataFrame, r: int, t: _Tracks, include_cpu: bool) -> None:
+    """One rank's process: its track names, GPU ops, steps, nested ranges (and CPU threads), counters."""
+    pid = r + 1
+    md = [_meta(pid, None, "process_name", f"rank {r}" + (f" ({t.gpu_names[r]})" if r in t.gpu_names else "")),
+          _meta(pid, None, "process_sort_index", r)]
+    for tid, label in ((TID_STEPS, "steps"), (TID_RANGES, "ranges (NVTX / record_function)"),
+                       (TID_STALLS, "stalls"), (TID_PCIE, "PCIe-bound")):
+        md += [_meta(pid, tid, "thread_name", label), _meta(pid, tid, "thread_sort_index", tid)]
+    for dev, st, tid in t.streams.filter(pl.col("rank") == r).select("device", "stream", "tid").iter_rows():
+        label = (f"CPU thread {st} ({'gloo collectives' if (r, int(st)) in t.comm_threads else 'forward ops'})"
+                 if dev == CPU_LANE else f"GPU {dev} stream {st}")
+        md += [_meta(pid, tid, "thread_name", label), _meta(pid, tid, "thread_sort_index", tid)]
+    sink.write(md)
+    o = t.ops.filter(pl.col("rank") == r).join(t.streams, on=["rank", "device", "stream"], how="left")
+    if o.height:  # GPU ops: one track per stream, sequential
+        sink.slices(sequential_fix(o.select(
+            pl.col("name").cast(pl.String), pl.col("category").alias("cat"), pl.lit(pid).alias("pid"),
+            "tid", pl.col("ts_ns").alias("start"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("end"),
+            pl.col("kind").cast(pl.String).alias("kind"), pl.col("family").cast(pl.String).alias("family"),
+            "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers_per_thread",
+            "shared_mem_bytes", "bytes", "correlation", "step_id",
+            pl.col("coll_name").cast(pl.String), pl.col("pg_name").cast(pl.String), "coll_seq",
+            pl.col("stream").alias("stream"))), _OP_ARGS)
+    st = rk.filter(pl.col("kind").cast(pl.String) == "step")
+    if st.height:
+        sink.slices(sequential_fix(st.select(
+            pl.col("name").cast(pl.String), pl.lit("step").alias("cat"), pl.lit(pid).alias("pid"),
+            pl.lit(TID_STEPS).alias("tid"), pl.col("ts_ns").alias("start"),
+            (pl.col("ts_ns") + pl.col("dur_ns")).alias("end"), "step_id",
+            pl.col("step_mode").cast(pl.String), "batch_size", "tokens", "profiled")),
+            ["step_id", "step_mode", "batch_size", "tokens", "profiled"])
+    nested = _range_tracks(sink, rk, r, t)
+    if include_cpu:
+        nested += _cpu_tracks(sink, rk, r, t)
+    for nf in nested:
+        if nf.height == 0:
+            continue
+        nf = nest_fix(nf)
+        over = nf.filter(pl.col("tid") >= _OVERFLOW).select("tid").unique()
+        sink.write([_meta(pid, int(x), "thread_name", f"overflow of track {int(x) - _OVERFLOW}")
+                    for x in over.get_column("tid").to_list()])
+        sink.slices(nf, ["src"])
+    _write_counters(sink, rk, pid)
+
+
+def _range_tracks(sink: _Sink, rk: pl.DataFrame, r: int, t: _Tracks) -> list[pl.DataFrame]:
+    """CPU-side ranges (one nested track) and GPU ranges per stream (named here), not yet nested."""
+    pid, kind = r + 1, pl.col("kind").cast(pl.String)
+    rg = rk.filter(kind == "range").join(t.dev_ranges, on=["rank", "ts_ns", "tid"], how="left").filter(
+        pl.col("_dev").is_null()).select(
+        pl.col("name").cast(pl.String), pl.lit("range").alias("cat"), pl.lit(pid).alias("pid"),
+        pl.lit(TID_RANGES).alias("tid"), pl.col("ts_ns").alias("start"),
+        (pl.col("ts_ns") + pl.col("dur_ns")).alias("end"), pl.col("src").cast(pl.String))
+    range_tids = t.streams.with_columns((pl.col("tid") - TID_STREAM0 + TID_GPU_RANGE0).alias("tid"))
+    gr = rk.filter(kind == "gpu_range").join(range_tids, on=["rank", "device", "stream"], how="inner").select(
+        pl.col("name").cast(pl.String), pl.lit("gpu_range").alias("cat"), pl.lit(pid).alias("pid"),
+        pl.col("tid"), pl.col("ts_ns").alias("start"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("end"),
+        pl.col("src").cast(pl.String))
+    for gtid, sdev, sst in (gr.select("tid").unique().join(range_tids, on="tid").filter(pl.col("rank") == r)
+                            .select("tid", "device", "stream").iter_rows()):
+        sink.write([_meta(pid, gtid, "thread_name", f"GPU {sdev} stream {sst} ranges"),
+                    _meta(pid, gtid, "thread_sort_index", gtid)])
+    return [rg, gr]
+
+
+def _cpu_tracks(sink: _Sink, rk: pl.DataFrame, r: int, t: _Tracks) -> list[pl.DataFrame]:
+    """CPU threads (cpu_op / runtime / sync rows; named here, not yet nested) and launch → kernel flows (written)."""
+    pid, kind = r + 1, pl.col("kind").cast(pl.String)
+    cpu = rk.filter(kind.is_in(["cpu_op", "runtime", "sync"]) & (pl.col("dur_ns") >= 0))
+    if not cpu.height:
+        return []
+    th = cpu.select(pl.col("tid").fill_null(0).alias("otid")).unique().sort("otid").with_columns(
+        (pl.int_range(pl.len()) + TID_CPU0).cast(pl.Int64).alias("tid"))
+    sink.write([m for otid, tid in th.iter_rows() for m in
+                (_meta(pid, tid, "thread_name", f"CPU thread {otid}"), _meta(pid, tid, "thread_sort_index", tid))])
+    cpu = cpu.with_columns(pl.col("tid").fill_null(0).alias("otid")).drop("tid").join(th, on="otid")
+    launches = cpu.filter(pl.col("correlation").is_not_null()).select(
+        pl.col("tid").alias("ctid"), pl.col("correlation"), pl.col("ts_ns").alias("cs"),
+        (pl.col("ts_ns") + pl.col("dur_ns") // 2).alias("cmid"))
+    kl = t.ops.filter((pl.col("rank") == r) & pl.col("correlation").is_not_null()).join(
+        t.streams, on=["rank", "device", "stream"]).join(launches, on="correlation").select(
+        "ctid", "cs", "cmid", "tid", (pl.col("ts_ns") + pl.col("dur_ns") // 2).alias("kmid")).with_columns(
+        # a flow never runs backwards: start no later than the kernel's middle (inside the call)
+        pl.max_horizontal("cs", pl.min_horizontal("cmid", "kmid")).alias("cmid"))
+    if kl.height:
+        kl = kl.with_columns(pl.Series("id", np.arange(kl.height) + 1 + 10**9 * (r + 1)))
+        common = [pl.lit("launch").alias("name"), pl.lit("launch").alias("cat")]
+        sink.write(kl.select(pl.struct(*common, pl.lit("s").alias("ph"), "id", pl.lit(pid).alias("pid"),
+                                       pl.col("ctid").alias("tid"), ((pl.col("cmid") - sink.base) / _US).round(3).alias("ts"))
+                             .struct.json_encode()).to_series())
+        sink.write(kl.select(pl.struct(*common, pl.lit("f").alias("ph"), pl.lit("e").alias("bp"), "id",
+                                       pl.lit(pid).alias("pid"), "tid", ((pl.col("kmid") - sink.base) / _US).round(3).alias("ts"))
+                             .struct.json_encode()).to_series())
+        sink.stats["flows"] += kl.height
+    return [cpu.select(pl.col("name").cast(pl.String), kind.alias("cat"), pl.lit(pid).alias("pid"), "tid",
+                       pl.col("ts_ns").alias("start"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("end"),
+                       pl.col("src").cast(pl.String))]
+
+
+def _write_counters(sink: _Sink, rk: pl.DataFrame, pid: int) -> None:
+    """Counters as ``ph: C`` tracks, one per unit group (the arg is named by the unit)."""
+    cn = rk.filter((pl.col("kind").cast(pl.String) == "counter") & pl.col("value").is_not_null() & pl.col("value").is_finite())
+    if not cn.height:
+        return
+    units = {n: counter_group(n) for n in cn.get_column("name").cast(pl.String).unique().to_list()}
+    cn = cn.select(
+        pl.col("name").cast(pl.String), pl.col("ts_ns"), pl.col("value"),
+        pl.col("name").cast(pl.String).replace_strict({n: u[1] or "value" for n, u in units.items()}).alias("unit"),
+        pl.col("name").cast(pl.String).replace_strict({n: u[2] for n, u in units.items()}, return_dtype=pl.Float64).alias("scale"))
+    for unit, g in cn.partition_by("unit", as_dict=True).items():
+        sink.write(g.select(pl.struct(
+            "name", pl.lit("counter").alias("cat"), pl.lit("C").alias("ph"),
+            ((pl.col("ts_ns") - sink.base) / _US).round(3).alias("ts"), pl.lit(pid).alias("pid"),
+            pl.struct((pl.col("value") * pl.col("scale")).alias(str(unit[0]))).alias("args"),
+        ).struct.json_encode()).to_series())
+        sink.stats["counters"] += g.height
+
+
+def _write_analysis(sink: _Sink, r: int, stalls: list[dict[str, Any]], pcie: list[dict[str, Any]]) -> None:
+    """The analysis' stalls (instants) and PCIe-bound phases (slices) on rank ``r``'s tracks."""
+    pid = r + 1
+    inst = [json.dumps({"name": f"stall: {s['label'] or 'wait'}", "cat": "stall", "ph": "i", "s": "t",
+                        "pid": pid, "tid": TID_STALLS, "ts": round((s["start_ns"] - sink.base) / _US, 3),
+                        "args": {"wait_ns": s["dur_ns"], "detail": s["detail"]}})
+            for s in stalls if s["rank"] in (None, r)]
+    sink.write(inst)
+    sink.stats["instants"] += len(inst)
+    ph = [p for p in pcie if p["rank"] in (None, r)]
+    if ph:
+        pf = sequential_fix(pl.DataFrame({
+            "name": [f"PCIe-bound {p['label']}".strip() for p in ph], "cat": ["pcie"] * len(ph),
+            "pid": [pid] * len(ph), "tid": [TID_PCIE] * len(ph), "start": [p["start_ns"] for p in ph],
+            "end": [p["end_ns"] for p in ph], "detail": [p["detail"] for p in ph]}))
+        sink.write(_x_events(pf, sink.base, ["detail"]))
+        sink.stats["slices"] += pf.height
+
+
+def _write_collective_flows(sink: _Sink, flows: pl.DataFrame) -> None:
+    """Collective flows across ranks: each instance's kernels chained in arrival order."""
+    if not flows.height:
+        return
+    common = [pl.lit("collective").alias("name"), pl.lit("collective").alias("cat")]
+    sink.write(flows.select(pl.struct(*common, pl.lit("s").alias("ph"), "id", "pid", "tid",
+                                      ((pl.col("mid") - sink.base) / _US).round(3).alias("ts"),
+                                      pl.struct(pl.col("pg"), pl.col("seq")).alias("args"))
+                            .struct.json_encode()).to_series())
+    sink.write(flows.select(pl.struct(*common, pl.lit("f").alias("ph"), pl.lit("e").alias("bp"), "id",
+                                      pl.col("pid2").alias("pid"), pl.col("tid2").alias("tid"),
+                                      ((pl.col("mid2") - sink.base) / _US).round(3).alias("ts"),
+                                      pl.struct(pl.col("pg"), pl.col("seq")).alias("args"))
+                            .struct.json_encode()).to_series())
+    sink.stats["flows"] += flows.height

@@ -114,7 +114,7 @@ class ServingLoop:
             raise RuntimeError("CUDA graphs need --moe-impl grouped without --host-sync (no host syncs)")
         buckets = sorted({self._bucket(n) for n in range(1, self.cfg.max_batch + 1)}, reverse=True)
         pool = torch.cuda.graph_pool_handle()
-        s = torch.cuda.Stream()
+        s = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         for b in buckets:
             static_in = torch.zeros(b, dtype=torch.int64, device=self.dev)
             s.wait_stream(torch.cuda.current_stream())

@@ -110,78 +110,14 @@ def kernel_efficiency(
 ) -> pl.DataFrame:
     """Per (rank, op, shape, kernel): count, gpu_ns, achieved TFLOP/s and GB/s, roofline ceiling,
     efficiency, ``flag`` (``moe_untuned`` / ``low_efficiency`` / null). Empty frame without shapes."""
-    kind = pl.col("kind").cast(pl.String)
-    ops = df.filter((kind == "cpu_op") & pl.col("input_dims").is_not_null() & pl.col("name").cast(pl.String).is_in(list(GEMM_OPS)))
-    if ops.height == 0:
+    ops = _shaped_ops(df)
+    if ops is None:
         return pl.DataFrame()
-    ops = ops.select(
-        pl.col("rank").cast(pl.Int64), "tid", pl.col("ts_ns").alias("start"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("end"),
-        pl.col("name").cast(pl.String).alias("op"), "input_dims", "input_types",
-    ).with_row_index("op_id")
-    # shape → flops, bytes (once per unique signature, not per event)
-    sig = ops.select("op", "input_dims", "input_types").unique()
-    vals = [gemm_flops_bytes(o, d, t) for o, d, t in sig.iter_rows()]
-    sig = sig.with_columns(
-        pl.Series("flops", [v[0] if v else None for v in vals], dtype=pl.Float64),
-        pl.Series("bytes_", [v[1] if v else None for v in vals], dtype=pl.Float64),
-        pl.Series("dtype", [v[2] if v else None for v in vals], dtype=pl.String),
-    )
-    ops = ops.join(sig, on=["op", "input_dims", "input_types"], how="left", nulls_equal=True).filter(pl.col("flops").is_not_null())
-    # kernel → innermost GEMM op whose CPU range contains the kernel's launch call (same rank and thread)
-    # CPU mode: the categorized operator is its own "kernel", issued at its start on its thread
-    cpu = cpu_device_expr(cpu_mode_ranks(df)) & (kind == "cpu_op")
-    ker = df.filter(((kind == "kernel") & pl.col("launch_ts_ns").is_not_null()) | cpu).select(
-        pl.col("rank").cast(pl.Int64),
-        pl.when(cpu).then(pl.col("tid")).otherwise(pl.col("launch_tid")).alias("tid"),
-        pl.when(cpu).then(pl.col("ts_ns")).otherwise(pl.col("launch_ts_ns")).alias("launch_ts_ns"), "dur_ns",
-        pl.col("name").cast(pl.String).alias("kernel"), pl.col("category").cast(pl.String),
-    )
-    j = iv.covered_by(ker, ops.select("rank", "tid", "start", "end", "op_id"), by=["rank", "tid"], at="launch_ts_ns", payload=["op_id"])
-    j = j.filter(pl.col("op_id").is_not_null()).join(ops.drop(["rank", "tid", "start", "end"]), on="op_id", how="inner")
+    j = _kernels_of_ops(df, ops)
     if j.height == 0:
         return pl.DataFrame()
-    inst = j.group_by(["rank", "op_id"]).agg(
-        pl.col("op").first(), pl.col("input_dims").first(), pl.col("dtype").first(), pl.col("flops").first(),
-        pl.col("bytes_").first(), pl.col("dur_ns").sum().alias("gpu_ns"),
-        # the longest kernel of the op (ties: by name, so the choice never depends on row order)
-        pl.col("kernel").sort_by(["dur_ns", "kernel", "category"], nulls_last=False).last(),
-        pl.col("category").sort_by(["dur_ns", "kernel", "category"], nulls_last=False).last(),
-    ).filter(pl.col("gpu_ns") > 0)
-    agg = inst.group_by(["rank", "op", "input_dims", "dtype", "kernel", "category"]).agg(
-        pl.len().alias("count"), pl.col("gpu_ns").sum(), seq_sum(pl.col("flops")).alias("_f"), seq_sum(pl.col("bytes_")).alias("_b"),
-        pl.col("flops").first().alias("flops_each"), pl.col("bytes_").first().alias("bytes_each"),
-    ).with_columns(
-        (pl.col("_f") / (pl.col("gpu_ns") * 1e-9)).alias("flops_per_s"),
-        (pl.col("_b") / (pl.col("gpu_ns") * 1e-9)).alias("bytes_per_s"),
-    )
-    # ceilings (tiny table: rank × dtype)
-    keys = agg.select("rank", "dtype").unique()
-    ceil_rows = []
-    for r, dt in keys.iter_rows():
-        p = _peaks_for(meta, int(r), gpu_name)
-        ceil_rows.append({"rank": r, "dtype": dt, "peak_flops_per_s": peak_flops_per_s(p, dt) if p else None,
-                          "tf32_flops_per_s": p.bf16_flops / 2 if p else None,
-                          "peak_bytes_per_s": p.hbm_bytes_per_s if p else None})
-    ceil = pl.DataFrame(ceil_rows, schema={"rank": pl.Int64, "dtype": pl.String, "peak_flops_per_s": pl.Float64,
-                                           "tf32_flops_per_s": pl.Float64, "peak_bytes_per_s": pl.Float64})
-    ai = pl.col("flops_each") / pl.col("bytes_each")
-    # fp32 GEMMs running on tensor cores (TF32) get the TF32 ceiling (half the 16-bit peak)
-    tf32 = pl.col("dtype").str.to_lowercase().is_in(["float", "float32"]) & pl.col("kernel").str.contains(r"(?i)tensorop|tf32|xmma|wgmma|nvjet|s1688|s16816")
-    out = agg.join(ceil, on=["rank", "dtype"], how="left", nulls_equal=True).with_columns(
-        pl.when(tf32).then(pl.col("tf32_flops_per_s")).otherwise(pl.col("peak_flops_per_s")).alias("peak_flops_per_s")
-    ).with_columns(
-        pl.min_horizontal(pl.col("peak_flops_per_s"), ai * pl.col("peak_bytes_per_s")).alias("ceiling_flops_per_s"),
-        ai.alias("flops_per_byte"),
-    ).with_columns(fdiv(pl.col("flops_per_s"), pl.col("ceiling_flops_per_s")).alias("efficiency"))
-    # physically possible figures only: bytes of grouped GEMMs are a bound (which experts got tokens is unknown);
-    # a figure above the device's HBM bandwidth or the ceiling means the bound was loose: shown capped, marked ``bound``
-    grouped = pl.col("op").str.contains("grouped_mm")
-    over = (pl.col("bytes_per_s") > pl.col("peak_bytes_per_s")) | (pl.col("efficiency") > 1.0) | (
-        pl.col("flops_per_s") > pl.col("peak_flops_per_s"))
-    out = out.with_columns((grouped | over.fill_null(False)).alias("bound"),
-                           pl.min_horizontal(pl.col("flops_per_s"), pl.col("peak_flops_per_s")).alias("flops_per_s"),
-                           pl.min_horizontal(pl.col("bytes_per_s"), pl.col("peak_bytes_per_s")).alias("bytes_per_s"),
-                           pl.min_horizontal(pl.col("efficiency"), pl.lit(1.0)).alias("efficiency"))
+    agg = _achieved(j)
+    out = _capped(agg.join(_ceilings(agg, meta, gpu_name), on=["rank", "dtype"], how="left", nulls_equal=True))
     is_moe = (pl.col("category") == "moe_gemm") | pl.col("op").str.contains("grouped_mm")
     flag = (
         pl.when(pl.col("efficiency").is_null()).then(None)
@@ -194,6 +130,94 @@ def kernel_efficiency(
         "rank", "op", "input_dims", "dtype", "kernel", "category", "count", "gpu_ns", "tflops_per_s", "gb_per_s",
         "flops_per_byte", "peak_flops_per_s", "ceiling_flops_per_s", "efficiency", "flag", "bound",
     ))
+
+
+def _shaped_ops(df: pl.DataFrame) -> pl.DataFrame | None:
+    """GEMM-like CPU ops with recorded shapes and their FLOPs / bytes / dtype (computed once per unique
+    signature, not per event); None when there is none."""
+    kind = pl.col("kind").cast(pl.String)
+    ops = df.filter((kind == "cpu_op") & pl.col("input_dims").is_not_null() & pl.col("name").cast(pl.String).is_in(list(GEMM_OPS)))
+    if ops.height == 0:
+        return None
+    ops = ops.select(
+        pl.col("rank").cast(pl.Int64), "tid", pl.col("ts_ns").alias("start"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("end"),
+        pl.col("name").cast(pl.String).alias("op"), "input_dims", "input_types",
+    ).with_row_index("op_id")
+    sig = ops.select("op", "input_dims", "input_types").unique()
+    vals = [gemm_flops_bytes(o, d, t) for o, d, t in sig.iter_rows()]
+    sig = sig.with_columns(
+        pl.Series("flops", [v[0] if v else None for v in vals], dtype=pl.Float64),
+        pl.Series("bytes_", [v[1] if v else None for v in vals], dtype=pl.Float64),
+        pl.Series("dtype", [v[2] if v else None for v in vals], dtype=pl.String),
+    )
+    return ops.join(sig, on=["op", "input_dims", "input_types"], how="left", nulls_equal=True).filter(pl.col("flops").is_not_null())
+
+
+def _kernels_of_ops(df: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
+    """Each kernel joined to the innermost GEMM op whose CPU range contains its launch call (same rank and thread).
+    CPU mode: the categorized operator is its own "kernel", issued at its start on its thread."""
+    kind = pl.col("kind").cast(pl.String)
+    cpu = cpu_device_expr(cpu_mode_ranks(df)) & (kind == "cpu_op")
+    ker = df.filter(((kind == "kernel") & pl.col("launch_ts_ns").is_not_null()) | cpu).select(
+        pl.col("rank").cast(pl.Int64),
+        pl.when(cpu).then(pl.col("tid")).otherwise(pl.col("launch_tid")).alias("tid"),
+        pl.when(cpu).then(pl.col("ts_ns")).otherwise(pl.col("launch_ts_ns")).alias("launch_ts_ns"), "dur_ns",
+        pl.col("name").cast(pl.String).alias("kernel"), pl.col("category").cast(pl.String),
+    )
+    j = iv.covered_by(ker, ops.select("rank", "tid", "start", "end", "op_id"), by=["rank", "tid"], at="launch_ts_ns", payload=["op_id"])
+    return j.filter(pl.col("op_id").is_not_null()).join(ops.drop(["rank", "tid", "start", "end"]), on="op_id", how="inner")
+
+
+def _achieved(j: pl.DataFrame) -> pl.DataFrame:
+    """Per op instance (all its kernels share its FLOPs), then per (rank, op, shape, dtype, kernel): achieved FLOP/s and bytes/s."""
+    inst = j.group_by(["rank", "op_id"]).agg(
+        pl.col("op").first(), pl.col("input_dims").first(), pl.col("dtype").first(), pl.col("flops").first(),
+        pl.col("bytes_").first(), pl.col("dur_ns").sum().alias("gpu_ns"),
+        # the longest kernel of the op (ties: by name, so the choice never depends on row order)
+        pl.col("kernel").sort_by(["dur_ns", "kernel", "category"], nulls_last=False).last(),
+        pl.col("category").sort_by(["dur_ns", "kernel", "category"], nulls_last=False).last(),
+    ).filter(pl.col("gpu_ns") > 0)
+    return inst.group_by(["rank", "op", "input_dims", "dtype", "kernel", "category"]).agg(
+        pl.len().alias("count"), pl.col("gpu_ns").sum(), seq_sum(pl.col("flops")).alias("_f"), seq_sum(pl.col("bytes_")).alias("_b"),
+        pl.col("flops").first().alias("flops_each"), pl.col("bytes_").first().alias("bytes_each"),
+    ).with_columns(
+        (pl.col("_f") / (pl.col("gpu_ns") * 1e-9)).alias("flops_per_s"),
+        (pl.col("_b") / (pl.col("gpu_ns") * 1e-9)).alias("bytes_per_s"),
+    )
+
+
+def _ceilings(agg: pl.DataFrame, meta: Mapping[str, Any] | None, gpu_name: str | None) -> pl.DataFrame:
+    """The device peaks per (rank, dtype): a tiny table."""
+    ceil_rows = []
+    for r, dt in agg.select("rank", "dtype").unique().iter_rows():
+        p = _peaks_for(meta, int(r), gpu_name)
+        ceil_rows.append({"rank": r, "dtype": dt, "peak_flops_per_s": peak_flops_per_s(p, dt) if p else None,
+                          "tf32_flops_per_s": p.bf16_flops / 2 if p else None,
+                          "peak_bytes_per_s": p.hbm_bytes_per_s if p else None})
+    return pl.DataFrame(ceil_rows, schema={"rank": pl.Int64, "dtype": pl.String, "peak_flops_per_s": pl.Float64,
+                                           "tf32_flops_per_s": pl.Float64, "peak_bytes_per_s": pl.Float64})
+
+
+def _capped(out: pl.DataFrame) -> pl.DataFrame:
+    """Roofline ceiling and efficiency, with physically possible figures only: bytes of grouped GEMMs are a bound
+    (which experts got tokens is unknown); a figure above the device's HBM bandwidth or the ceiling means the bound
+    was loose: shown capped, marked ``bound``."""
+    ai = pl.col("flops_each") / pl.col("bytes_each")
+    # fp32 GEMMs running on tensor cores (TF32) get the TF32 ceiling (half the 16-bit peak)
+    tf32 = pl.col("dtype").str.to_lowercase().is_in(["float", "float32"]) & pl.col("kernel").str.contains(r"(?i)tensorop|tf32|xmma|wgmma|nvjet|s1688|s16816")
+    out = out.with_columns(
+        pl.when(tf32).then(pl.col("tf32_flops_per_s")).otherwise(pl.col("peak_flops_per_s")).alias("peak_flops_per_s")
+    ).with_columns(
+        pl.min_horizontal(pl.col("peak_flops_per_s"), ai * pl.col("peak_bytes_per_s")).alias("ceiling_flops_per_s"),
+        ai.alias("flops_per_byte"),
+    ).with_columns(fdiv(pl.col("flops_per_s"), pl.col("ceiling_flops_per_s")).alias("efficiency"))
+    grouped = pl.col("op").str.contains("grouped_mm")
+    over = (pl.col("bytes_per_s") > pl.col("peak_bytes_per_s")) | (pl.col("efficiency") > 1.0) | (
+        pl.col("flops_per_s") > pl.col("peak_flops_per_s"))
+    return out.with_columns((grouped | over.fill_null(False)).alias("bound"),
+                            pl.min_horizontal(pl.col("flops_per_s"), pl.col("peak_flops_per_s")).alias("flops_per_s"),
+                            pl.min_horizontal(pl.col("bytes_per_s"), pl.col("peak_bytes_per_s")).alias("bytes_per_s"),
+                            pl.min_horizontal(pl.col("efficiency"), pl.lit(1.0)).alias("efficiency"))
 
 
 _KEY = ["rank", "op", "input_dims", "dtype", "kernel", "category"]

@@ -207,27 +207,39 @@ def idle_causes(
     g = iv.gaps(ops.select("rank", "start", "end"), by="rank", bounds=bounds).filter(
         (pl.col("end") - pl.col("start")) >= max(min_gap_ns, 1)
     )
-    # previous op (ending at/before the gap start) and next op (starting at/after the gap end)
+    gaps = _carve_host_idle(_with_causes(_neighbours(g, ops, df), tol_ns), host if host is not None else host_activity(df))
+    if instances is not None and instances.height:
+        gaps = pl.concat([gaps, _peer_waits(instances, bounds).select(gaps.columns)], how="vertical_relaxed")
+    gaps = gaps.sort(["rank", "start_ns"], maintain_order=True)
+    return IdleCauses(gaps, _totals(gaps), _largest(gaps, top_n))
+
+
+def _neighbours(g: pl.DataFrame, ops: pl.DataFrame, df: pl.DataFrame) -> pl.DataFrame:
+    """Each gap with what surrounds it: the previous op (ending at/before its start), the next op (starting at/after
+    its end: its step, name, launch end and issuing thread), the last blocking host call returning before its end and
+    the last step range starting before its end."""
     prev = ops.select("rank", pl.col("end").alias("p_end"), pl.col("step_id").alias("p_step")).sort(["rank", "p_end"])
+    host_op = ~pl.col("kind").cast(pl.String).is_in(list(GPU_OP_KINDS))
     nxt = ops.select(
         "rank", pl.col("start").alias("n_start"), pl.col("step_id").alias("n_step"), pl.col("name").alias("next_name"),
         # CPU mode: an operator runs when it is issued, so its start is its "launch end"
         pl.coalesce(pl.col("launch_ts_ns") + pl.col("launch_dur_ns").fill_null(0),
-                    pl.when(~pl.col("kind").cast(pl.String).is_in(list(GPU_OP_KINDS))).then(pl.col("start"))).alias("n_launch_end"),
+                    pl.when(host_op).then(pl.col("start"))).alias("n_launch_end"),
         # the thread that issued it (CPU mode: the operator's own thread)
-        pl.coalesce(pl.col("launch_tid"), pl.when(~pl.col("kind").cast(pl.String).is_in(list(GPU_OP_KINDS))).then(pl.col("tid")))
-        .cast(pl.Int64).fill_null(ANY_TID).alias("tid"),
+        pl.coalesce(pl.col("launch_tid"), pl.when(host_op).then(pl.col("tid"))).cast(pl.Int64).fill_null(ANY_TID).alias("tid"),
     ).sort(["rank", "n_start"])
     g = asof(g, prev, "start", "p_end", "rank")
     g = asof(g, nxt, "end", "n_start", "rank", "forward")
-    # blocking host calls returning inside the gap
-    sy = sync_calls(df).sort(["rank", "s_end"])
-    g = asof(g, sy, "end", "s_end", "rank")
-    # step ranges starting inside the gap
+    g = asof(g, sync_calls(df).sort(["rank", "s_end"]), "end", "s_end", "rank")
     st = df.filter(pl.col("kind").cast(pl.String) == "step").select(
         pl.col("rank").cast(pl.Int64), pl.col("ts_ns").alias("st_start")
     ).sort(["rank", "st_start"])
-    g = asof(g, st, "end", "st_start", "rank")
+    return asof(g, st, "end", "st_start", "rank")
+
+
+def _with_causes(g: pl.DataFrame, tol_ns: int) -> pl.DataFrame:
+    """The gaps' rows with their cause, first match wins: a step boundary, a host sync returning inside the gap
+    (± ``tol_ns``), the next op launched after the GPU drained, else ``other``."""
     step_change = (pl.col("p_step").is_not_null() & pl.col("n_step").is_not_null() & (pl.col("p_step") != pl.col("n_step"))) | (
         pl.col("st_start").is_not_null() & (pl.col("st_start") > pl.col("start")) & (pl.col("st_start") <= pl.col("end"))
     )
@@ -239,7 +251,7 @@ def idle_causes(
         .when(launch).then(pl.lit("launch_bound"))
         .otherwise(pl.lit("other"))
     )
-    gaps = g.with_columns(cause.alias("cause")).select(
+    return g.with_columns(cause.alias("cause")).select(
         "rank",
         pl.col("start").alias("start_ns"),
         pl.col("end").alias("end_ns"),
@@ -253,23 +265,22 @@ def idle_causes(
         .otherwise(None).alias("detail"),
         pl.col("tid").fill_null(ANY_TID),
     )
-    gaps = _carve_host_idle(gaps, host if host is not None else host_activity(df))
-    if instances is not None and instances.height:
-        w = instances.filter(pl.col("wait_ns") > 0).select(
-            pl.col("rank").cast(pl.Int64),
-            pl.col("arrival_ns").alias("start_ns"),
-            (pl.col("arrival_ns") + pl.col("wait_ns")).alias("end_ns"),
-            pl.col("wait_ns").alias("dur_ns"),
-            pl.lit("waiting_on_peer").alias("cause"),
-            pl.col("step_id").cast(pl.Int64),
-            pl.col("name").cast(pl.Categorical).alias("next_name"),
-            (pl.lit("late rank ") + pl.col("late_rank").cast(pl.String)).alias("detail"),
-        )
-        w = iv.intersect(w, bounds, by="rank", start="start_ns", end="end_ns").drop(["lo", "hi"])
-        w = w.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("dur_ns"))
-        gaps = pl.concat([gaps, w.select(gaps.columns)], how="vertical_relaxed")
-    gaps = gaps.sort(["rank", "start_ns"], maintain_order=True)
-    return IdleCauses(gaps, _totals(gaps), _largest(gaps, top_n))
+
+
+def _peer_waits(instances: pl.DataFrame, bounds: pl.DataFrame) -> pl.DataFrame:
+    """``waiting_on_peer`` rows: each rank's collective wait (arrival → arrival + wait), cut to its window."""
+    w = instances.filter(pl.col("wait_ns") > 0).select(
+        pl.col("rank").cast(pl.Int64),
+        pl.col("arrival_ns").alias("start_ns"),
+        (pl.col("arrival_ns") + pl.col("wait_ns")).alias("end_ns"),
+        pl.col("wait_ns").alias("dur_ns"),
+        pl.lit("waiting_on_peer").alias("cause"),
+        pl.col("step_id").cast(pl.Int64),
+        pl.col("name").cast(pl.Categorical).alias("next_name"),
+        (pl.lit("late rank ") + pl.col("late_rank").cast(pl.String)).alias("detail"),
+    )
+    w = iv.intersect(w, bounds, by="rank", start="start_ns", end="end_ns").drop(["lo", "hi"])
+    return w.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("dur_ns"))
 
 
 def _carve_host_idle(gaps: pl.DataFrame, host: pl.DataFrame) -> pl.DataFrame:

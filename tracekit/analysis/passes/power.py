@@ -76,39 +76,47 @@ def power_part(
     """Per-rank half of :func:`power_verdicts` for the ranks in ``df``: ``per_rank`` and ``spin_waits``
     rows, no ``verdicts`` (see :func:`power_finish`)."""
     pw = _samples(df, "power_w")
-    sm = _samples(df, "sm_active_pct")
     if pw.height == 0:
         return PowerResult(pl.DataFrame(), _EMPTY_SPIN, [], False)
+    ranks = sorted(set(pw["rank"].to_list()))
+    lim = pl.DataFrame({"rank": ranks, "power_limit_w": [rank_gpu_info(meta, r)["power_limit_w"] for r in ranks]},
+                       schema={"rank": pl.Int64, "power_limit_w": pl.Float64})
+    per = _rank_figures(df, pw, lim, observed_ns)
+    per = _with_verdicts(per, low_power_frac=low_power_frac, high_power_frac=high_power_frac, busy_frac=busy_frac)
+    return PowerResult(per, _spin_waits(df, pw, lim, low_power_frac=low_power_frac, spin_min_ns=spin_min_ns), [], True)
+
+
+def _rank_figures(df: pl.DataFrame, pw: pl.DataFrame, lim: pl.DataFrame, observed_ns: Mapping[int, int] | None) -> pl.DataFrame:
+    """Per rank, inside its window (first → last GPU op): busy fraction, mean power while busy and overall, that
+    power as a fraction of the limit, mean SM activity."""
     ops = gpu_ops(df, []).select("rank", "start", "end")
     win = ops.group_by("rank").agg(pl.col("start").min().alias("lo"), pl.col("end").max().alias("hi"))
     busy = iv.merge(ops, by="rank")
     busy_len = busy.group_by("rank").agg((pl.col("end") - pl.col("start")).sum().alias("busy"))
-    ranks = sorted(set(pw["rank"].to_list()))
-    lim = pl.DataFrame({"rank": ranks, "power_limit_w": [rank_gpu_info(meta, r)["power_limit_w"] for r in ranks]},
-                       schema={"rank": pl.Int64, "power_limit_w": pl.Float64})
-    pw_w = pw.join(win, on="rank", how="left").filter(
-        pl.col("lo").is_null() | ((pl.col("ts") >= pl.col("lo")) & (pl.col("ts") < pl.col("hi")))
-    ).drop(["lo", "hi"])
+    in_win = pl.col("lo").is_null() | ((pl.col("ts") >= pl.col("lo")) & (pl.col("ts") < pl.col("hi")))
+    pw_w = pw.join(win, on="rank", how="left").filter(in_win).drop(["lo", "hi"])
     inb = iv.covered_by(pw_w, busy.with_columns(pl.lit(True).alias("in_busy")), by="rank", at="ts", payload=["in_busy"])
     agg = inb.group_by("rank").agg(
         seq_mean(pl.col("value").filter(pl.col("in_busy").fill_null(False))).alias("power_busy_w"),
         seq_mean(pl.col("value")).alias("power_mean_w"),
         pl.len().alias("samples"),
     )
-    smm = sm.join(win, on="rank", how="left").filter(
-        pl.col("lo").is_null() | ((pl.col("ts") >= pl.col("lo")) & (pl.col("ts") < pl.col("hi")))
-    ).group_by("rank").agg(seq_mean(pl.col("value")).alias("sm_active_pct"))
-    per = (
+    smm = _samples(df, "sm_active_pct").join(win, on="rank", how="left").filter(in_win).group_by("rank").agg(
+        seq_mean(pl.col("value")).alias("sm_active_pct"))
+    recorded = (pl.col("rank").replace_strict({int(k): int(v) for k, v in observed_ns.items()}, default=None, return_dtype=pl.Int64)
+                if observed_ns else (pl.col("hi") - pl.col("lo")))
+    return (
         agg.join(lim, on="rank", how="left").join(win, on="rank", how="left").join(busy_len, on="rank", how="left")
         .join(smm, on="rank", how="left")
         .with_columns(
-            fdiv(pl.col("busy"), (
-                pl.col("rank").replace_strict({int(k): int(v) for k, v in observed_ns.items()}, default=None, return_dtype=pl.Int64)
-                if observed_ns else (pl.col("hi") - pl.col("lo"))
-            )).alias("busy_frac"),
+            fdiv(pl.col("busy"), recorded).alias("busy_frac"),
             fdiv(pl.coalesce("power_busy_w", "power_mean_w"), pl.col("power_limit_w")).alias("power_frac"),
         )
     )
+
+
+def _with_verdicts(per: pl.DataFrame, *, low_power_frac: float, high_power_frac: float, busy_frac: float) -> pl.DataFrame:
+    """Each rank's verdict code (first match wins: module doc) and its sentence."""
     pct = (pl.col("power_frac") * 100).round(0).cast(pl.Int64).cast(pl.String)
     bpct = (pl.col("busy_frac") * 100).round(0).cast(pl.Int64).cast(pl.String)
     code = (
@@ -131,27 +139,29 @@ def power_part(
             pl.lit("GPU ") + bpct + pl.lit("% busy at ") + pct + pl.lit("% of its power limit"))
         .otherwise(pl.lit("power limit or GPU activity unknown"))
     )
-    per = per.with_columns(code.alias("verdict_code")).with_columns(
+    return per.with_columns(code.alias("verdict_code")).with_columns(
         (pl.lit("rank ") + pl.col("rank").cast(pl.String) + pl.lit(": ") + text).alias("verdict")
     ).select("rank", "busy_frac", "power_busy_w", "power_mean_w", "power_limit_w", "power_frac", "sm_active_pct",
              "samples", "verdict_code", "verdict").sort("rank")
-    # spin-waits: long collective kernels at low power
+
+
+def _spin_waits(df: pl.DataFrame, pw: pl.DataFrame, lim: pl.DataFrame, *, low_power_frac: float, spin_min_ns: int) -> pl.DataFrame:
+    """Long collective kernels (≥ ``spin_min_ns``) during which the GPU drew under ``low_power_frac`` of its limit."""
     coll = collective_ops(df).filter(pl.col("dur_ns") >= spin_min_ns).select(
         pl.col("rank").cast(pl.Int64), pl.col("ts_ns").alias("start"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("end"),
         pl.col("name").cast(pl.String).alias("name"),
     ).with_row_index("_k")
-    spin = _EMPTY_SPIN
-    if coll.height:
-        inside = iv.covered_by(pw, coll, by="rank", at="ts", payload=["_k"]).filter(pl.col("_k").is_not_null())
-        kp = inside.group_by("_k").agg(seq_mean(pl.col("value")).alias("power_w"))
-        spin = (
-            coll.join(kp, on="_k", how="inner").join(lim, on="rank", how="left")
-            .with_columns(fdiv(pl.col("power_w"), pl.col("power_limit_w")).alias("power_frac"))
-            .filter(pl.col("power_frac") < low_power_frac)
-            .select("rank", pl.col("start").alias("start_ns"), (pl.col("end") - pl.col("start")).alias("dur_ns"), "name", "power_w", "power_frac")
-            .sort(["rank", "start_ns"], maintain_order=True)
-        )
-    return PowerResult(per, spin, [], True)
+    if not coll.height:
+        return _EMPTY_SPIN
+    inside = iv.covered_by(pw, coll, by="rank", at="ts", payload=["_k"]).filter(pl.col("_k").is_not_null())
+    kp = inside.group_by("_k").agg(seq_mean(pl.col("value")).alias("power_w"))
+    return (
+        coll.join(kp, on="_k", how="inner").join(lim, on="rank", how="left")
+        .with_columns(fdiv(pl.col("power_w"), pl.col("power_limit_w")).alias("power_frac"))
+        .filter(pl.col("power_frac") < low_power_frac)
+        .select("rank", pl.col("start").alias("start_ns"), (pl.col("end") - pl.col("start")).alias("dur_ns"), "name", "power_w", "power_frac")
+        .sort(["rank", "start_ns"], maintain_order=True)
+    )
 
 
 def power_finish(parts: list[PowerResult], *, low_power_frac: float = 0.35, spin_min_ns: int = 1_000_000) -> PowerResult:
