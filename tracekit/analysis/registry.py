@@ -131,9 +131,19 @@ class ColumnUse:
 #: keys of the analyze JSON that the pipeline itself writes (an analysis' section may not replace one)
 RESERVED_SECTIONS = frozenset({"schema_version", "trace_schema_version", "world_size", "device_mode", "window", "buckets", "ranks",
                                "overall", "top_kernels", "uncategorized_top", "findings", "quality", "next_win", "trace"})
-_ANALYSES: dict[str, Analysis] = {}
-_USES: dict[str, ColumnUse] = {}
-_loaded = False
+
+
+@dataclass
+class _Registry:
+    """The registry's state, one per process: the registered analyses (by name, in registration order), the pipeline
+    stages' column uses, and whether :mod:`tracekit.analysis.passes` was imported (:func:`_load`)."""
+
+    analyses: dict[str, Analysis] = field(default_factory=dict)
+    uses: dict[str, ColumnUse] = field(default_factory=dict)
+    loaded: bool = False
+
+
+_REGISTRY = _Registry()
 
 
 def _check_columns(name: str, columns: tuple[str, ...]) -> None:
@@ -145,35 +155,34 @@ def _check_columns(name: str, columns: tuple[str, ...]) -> None:
 
 def register(a: Analysis) -> Analysis:
     """Add ``a`` (its name must be new: :func:`unregister` first to replace one); returns it."""
-    if a.name in _ANALYSES:
+    if a.name in _REGISTRY.analyses:
         raise UsageError(f"analysis {a.name!r} is already registered; unregister it first")
     _check_columns(a.name, a.columns)
-    taken = {s: o.name for o in _ANALYSES.values() for s in o.sections} | {s: "the pipeline" for s in RESERVED_SECTIONS}
+    taken = {s: o.name for o in _REGISTRY.analyses.values() for s in o.sections} | {s: "the pipeline" for s in RESERVED_SECTIONS}
     clash = [s for s in a.sections if s in taken]
     if clash:
         raise UsageError(f"analysis {a.name!r}: section {clash[0]!r} is already filled by {taken[clash[0]]!r}")
-    _ANALYSES[a.name] = a
+    _REGISTRY.analyses[a.name] = a
     return a
 
 
 def unregister(name: str) -> Analysis | None:
     """Remove the analysis ``name``; returns it (None when not registered)."""
-    return _ANALYSES.pop(name, None)
+    return _REGISTRY.analyses.pop(name, None)
 
 
 def declare_columns(name: str, columns: tuple[str, ...]) -> ColumnUse:
     """Declare the columns a pipeline stage outside the registry reads (idempotent per name)."""
     _check_columns(name, columns)
-    u = _USES[name] = ColumnUse(name, columns)
+    u = _REGISTRY.uses[name] = ColumnUse(name, columns)
     return u
 
 
 def _load() -> None:
     """Import every module of :mod:`tracekit.analysis.passes` once, so each one's registrations run."""
-    global _loaded
-    if _loaded:
+    if _REGISTRY.loaded:
         return
-    _loaded = True
+    _REGISTRY.loaded = True
     import tracekit.analysis.passes as pkg
 
     for m in pkgutil.iter_modules(pkg.__path__):
@@ -184,7 +193,7 @@ def _load() -> None:
 def analyses() -> tuple[Analysis, ...]:
     """Every registered analysis, by ``order`` then name; a ``needs`` entry must be listed earlier."""
     _load()
-    out = tuple(sorted(_ANALYSES.values(), key=lambda a: (a.order, a.name)))
+    out = tuple(sorted(_REGISTRY.analyses.values(), key=lambda a: (a.order, a.name)))
     seen: set[str] = set()
     for a in out:
         late = [n for n in a.needs if n not in seen]
@@ -197,7 +206,7 @@ def analyses() -> tuple[Analysis, ...]:
 def get(name: str) -> Analysis:
     """The registered analysis ``name``."""
     _load()
-    return _ANALYSES[name]
+    return _REGISTRY.analyses[name]
 
 
 def findings_order(listing: tuple[Analysis, ...]) -> list[Analysis]:
@@ -207,7 +216,7 @@ def findings_order(listing: tuple[Analysis, ...]) -> list[Analysis]:
 
 def column_uses() -> tuple[ColumnUse, ...]:
     _load()
-    return tuple(_USES.values())
+    return tuple(_REGISTRY.uses.values())
 
 
 def declared_columns() -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 import sys
 from typing import Any, Callable, TypeVar
 
@@ -14,12 +15,19 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 __all__ = ["handle_errors", "at_least", "interrupt_reported", "stopped_early"]
 
-_REPORTED = [False]
+@dataclass
+class _Reported:
+    """Whether the running command printed ``tracekit: interrupted`` (or kept a capture's output) itself."""
+
+    interrupt: bool = False
+
+
+_REPORTED = _Reported()
 
 
 def interrupt_reported() -> bool:
     """Whether a command already printed ``tracekit: interrupted`` in this process (then the CLI prints nothing more)."""
-    return _REPORTED[0]
+    return _REPORTED.interrupt
 
 
 def at_least(option: str, value: int | None, lo: int) -> None:
@@ -37,7 +45,7 @@ def stopped_early(stopped_by: str | None, out: object) -> None:
     ``capture_interrupted``, so scripts see both."""
     if stopped_by == "Ctrl-C":
         print(f"tracekit: interrupted; kept what was collected in {out} (flagged capture_interrupted)", file=sys.stderr)
-        _REPORTED[0] = True
+        _REPORTED.interrupt = True
         raise typer.Exit(130)
     if stopped_by == "SIGTERM":
         print(f"tracekit: terminated; kept what was collected in {out} (flagged capture_interrupted)", file=sys.stderr)
@@ -53,7 +61,7 @@ def handle_errors(fn: F) -> F:
 
         from tracekit import _interrupt
 
-        _REPORTED[0] = False
+        _REPORTED.interrupt = False
 
         try:
             # a Ctrl-C stops the command (also one that came while the options were parsed) until its output is published
@@ -68,7 +76,7 @@ def handle_errors(fn: F) -> F:
             if not _interrupt.is_interrupt(e):
                 raise
             print("tracekit: interrupted", file=sys.stderr)
-            _REPORTED[0] = True
+            _REPORTED.interrupt = True
             raise typer.Exit(130) from None
 
     return wrapper  # type: ignore[return-value]

@@ -26,6 +26,7 @@ Expert implementations (``moe_impl``):
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -78,24 +79,26 @@ CPU_SMALL = MoEConfig(
     dtype="float32",
 )
 
-_probe_cache: dict[tuple[str, str], bool] = {}
-
-
+@functools.cache
 def grouped_mm_available(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether ``torch._grouped_mm`` runs on this device/dtype (probed once)."""
-    key = (str(device), str(dtype))
-    if key not in _probe_cache:
-        ok = False
-        if hasattr(torch, "_grouped_mm"):
-            try:
-                a = torch.randn(8, 16, device=device, dtype=dtype)
-                b = torch.randn(2, 16, 16, device=device, dtype=dtype)
-                offs = torch.tensor([3, 8], device=device, dtype=torch.int32)
-                ok = tuple(torch._grouped_mm(a, b, offs=offs).shape) == (8, 16)
-            except Exception:  # noqa: BLE001 - unsupported arch/dtype
-                ok = False
-        _probe_cache[key] = ok
-    return _probe_cache[key]
+    """Whether ``torch._grouped_mm`` runs on this device/dtype (probed once per pair)."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    try:
+        a = torch.randn(8, 16, device=device, dtype=dtype)
+        b = torch.randn(2, 16, 16, device=device, dtype=dtype)
+        offs = torch.tensor([3, 8], device=device, dtype=torch.int32)
+        return tuple(torch._grouped_mm(a, b, offs=offs).shape) == (8, 16)
+    except Exception:  # noqa: BLE001 - unsupported arch/dtype
+        return False
+    dt = getattr(torch, dtype)
+    try:
+        a = torch.randn(8, 16, device=device, dtype=dt)
+        b = torch.randn(2, 16, 16, device=device, dtype=dt)
+        offs = torch.tensor([3, 8], device=device, dtype=torch.int32)
+        return tuple(torch._grouped_mm(a, b, offs=offs).shape) == (8, 16)
+    except Exception:  # noqa: BLE001 - unsupported arch/dtype
+        return False
 
 
 def _expert_counts(flat: torch.Tensor, n_experts: int) -> torch.Tensor:
