@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from tracekit.core._num import as_float
 from tracekit.replay.api import replay
 from tracekit.replay.graph import ET_CPU, ReplayGraph, build_graph
 
@@ -48,12 +49,12 @@ def _per_step(g: ReplayGraph, category: str) -> tuple[float, float]:
     """(median per rank-step summed duration, median per rank-step op count) of a category; transfers for comm."""
     if category == "communication":
         t = g.instances.get_column("transfer_ns")
-        return float(t.median() or 0), float(g.instances.height)
+        return as_float(t.median() or 0), float(g.instances.height)
     o = g.ops.filter((pl.col("category") == category) & (pl.col("step_ord") >= 0))
     if o.height == 0:
         return 0.0, 0.0
     a = o.group_by(["rank", "step_ord"]).agg(pl.col("dur").sum(), pl.len())
-    return float(a.get_column("dur").median() or 0), float(a.get_column("len").median() or 0)
+    return as_float(a.get_column("dur").median() or 0), as_float(a.get_column("len").median() or 0)
 
 
 def class_ratio(base: ReplayGraph, target: ReplayGraph, category: str) -> float:
@@ -69,12 +70,12 @@ def host_time_per_step(g: ReplayGraph) -> float:
         return 0.0
     t = pl.DataFrame({"rank": g.vrank[g.edst[cpu]], "reg": g.vregion[g.edst[cpu]],
                       "w": g.egap[cpu] + g.vdur[g.esrc[cpu]]})
-    return float(t.group_by(["rank", "reg"]).agg(pl.col("w").sum()).get_column("w").median() or 0)
+    return as_float(t.group_by(["rank", "reg"]).agg(pl.col("w").sum()).get_column("w").median() or 0)
 
 
 def _ops_per_step(g: ReplayGraph) -> float:
     o = g.ops.filter(pl.col("step_ord") >= 0)
-    return float(o.group_by(["rank", "step_ord"]).len().get_column("len").median() or 0) if o.height else 0.0
+    return as_float(o.group_by(["rank", "step_ord"]).len().get_column("len").median() or 0) if o.height else 0.0
 
 
 def _match_rate(notes: list[str]) -> float | None:
@@ -93,7 +94,7 @@ def _status(err: float, noise: float | None, tol: float) -> str:
     return "pass" if abs(err) <= tol else "FAIL"
 
 
-def acceptance_rows(traces: dict[str, tuple[pl.DataFrame, dict]]) -> list[dict[str, Any]]:
+def acceptance_rows(traces: dict[str, tuple[pl.DataFrame, dict[str, Any]]]) -> list[dict[str, Any]]:
     """Run the protocol on the given traces (name → (frame, metadata)); see the module doc."""
     rows: list[dict[str, Any]] = []
     graphs: dict[str, ReplayGraph] = {}
@@ -152,7 +153,7 @@ def acceptance_rows(traces: dict[str, tuple[pl.DataFrame, dict]]) -> list[dict[s
     return rows
 
 
-def _shape_errors(pred: list[dict], matched: list[dict] | None) -> list[dict[str, Any]]:
+def _shape_errors(pred: list[dict[str, Any]], matched: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     mm = {(d["mode"], d["tokens"]): d for d in (matched or [])}
     out = []
     for d in pred:
@@ -164,8 +165,8 @@ def _shape_errors(pred: list[dict], matched: list[dict] | None) -> list[dict[str
     return out
 
 
-def _cause(p: Any, r: Any, m: dict, diag: dict, cat: str | None, noise: float | None,
-           shapes: list[dict]) -> str:
+def _cause(p: Any, r: Any, m: dict[str, Any], diag: dict[str, Any], cat: str | None, noise: float | None,
+           shapes: list[dict[str, Any]]) -> str:
     """Name what the diagnostics show (several causes may apply)."""
     out: list[str] = []
     if noise is not None and noise > NOISE_MAX:

@@ -14,6 +14,7 @@ import numpy as np
 import polars as pl
 
 from tracekit._errors import Quality, QualityLog, UsageError
+from tracekit.core._num import as_float
 from tracekit.replay.calibrate import UnprofiledTiming, fit_gap_scale, job_step_series, matched_timing
 from tracekit.replay.graph import ReplayGraph, build_graph
 from tracekit.replay.simulate import (
@@ -150,7 +151,7 @@ class Replayer:
 
     def tokens_p50(self) -> float | None:
         tok = self._sel(self.g.steps).get_column("tokens").drop_nulls()
-        return float(tok.median()) if tok.len() else None
+        return as_float(tok.median()) if tok.len() else None
 
 
 def replay(

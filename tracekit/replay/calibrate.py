@@ -17,10 +17,12 @@ each matched set: |p50(early) − p50(late)| / p50.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import polars as pl
+
+from tracekit.core._num import as_float
 
 __all__ = ["UnprofiledTiming", "unprofiled_timing", "matched_timing", "job_step_series", "fit_gap_scale",
            "MATCH_K", "MATCH_RADIUS"]
@@ -40,7 +42,7 @@ class UnprofiledTiming:
     noise: float | None  # |median(first half) − median(second half)| / median; None with < 4 steps
     halves_ns: tuple[float, float] | None
     tokens_p50: float | None
-    matched: list[dict] | None = None  # per shape: mode, tokens, n_ref, n_matched, p50_ns (matched_timing only)
+    matched: list[dict[str, Any]] | None = None  # per shape: mode, tokens, n_ref, n_matched, p50_ns (matched_timing only)
 
 
 def job_step_series(steps: pl.DataFrame, key: str = "step_ord", dur: str = "dur_ns") -> np.ndarray:
@@ -51,7 +53,7 @@ def job_step_series(steps: pl.DataFrame, key: str = "step_ord", dur: str = "dur_
     return s.get_column(dur).to_numpy().astype(float)
 
 
-def unprofiled_timing(df: pl.DataFrame, meta: dict | None = None, mode: str | None = None) -> UnprofiledTiming | None:
+def unprofiled_timing(df: pl.DataFrame, meta: dict[str, Any] | None = None, mode: str | None = None) -> UnprofiledTiming | None:
     """The unprofiled step timings recorded at capture (only ``step_mode == mode`` when given), or None."""
     st = df.filter((pl.col("kind").cast(pl.String) == "step") & (pl.col("profiled") == False))  # noqa: E712
     if mode is not None:
@@ -74,7 +76,7 @@ def unprofiled_timing(df: pl.DataFrame, meta: dict | None = None, mode: str | No
         halves = (a, b)
         noise = abs(a - b) / float(np.median(x))
     return UnprofiledTiming(x, float(np.median(x)), float(x.mean()), noise, halves,
-                            float(tok.median()) if tok.len() else None)
+                            as_float(tok.median()) if tok.len() else None)
 
 
 def _job_unprofiled(df: pl.DataFrame) -> pl.DataFrame:
@@ -121,9 +123,9 @@ def matched_timing(df: pl.DataFrame, ref: pl.DataFrame, *, k: int = MATCH_K,
         return None
     prof = _job_profiled(df)
     shapes = ref.group_by(["mode", "tokens"]).len().sort(["mode", "tokens"], nulls_last=True)
-    per: dict[tuple, tuple[float, float, float, float, int]] = {}
-    picked: dict[tuple, np.ndarray] = {}
-    info: list[dict] = []
+    per: dict[tuple[Any, Any], tuple[float, float, float, float, int]] = {}
+    picked: dict[tuple[Any, Any], np.ndarray] = {}
+    info: list[dict[str, Any]] = []
     all_ts = prof.get_column("ts").to_numpy()
     # position of every job step (profiled or not) in forward order: distances are counted in forwards
     order_ts = np.sort(np.concatenate([un.get_column("ts").to_numpy(), all_ts]))
@@ -135,8 +137,8 @@ def matched_timing(df: pl.DataFrame, ref: pl.DataFrame, *, k: int = MATCH_K,
         if tokens is not None:
             same = cand.filter(pl.col("tokens") == tokens)
             if same.height == 0:
-                near = cand.with_columns((pl.col("tokens") - tokens).abs().alias("_d")).sort("_d")
-                used_tokens = near.item(0, "tokens")
+                nearest = cand.with_columns((pl.col("tokens") - tokens).abs().alias("_d")).sort("_d")
+                used_tokens = nearest.item(0, "tokens")
                 same = cand.filter(pl.col("tokens") == used_tokens)
             cand = same
         anchors = prof.filter(pl.col("mode").eq_missing(mode) & pl.col("tokens").eq_missing(tokens)).get_column("ts").to_numpy()

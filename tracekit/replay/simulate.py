@@ -198,7 +198,7 @@ def _op_end(g: ReplayGraph, t: np.ndarray, dur: np.ndarray) -> np.ndarray:
     """End time of every GPU op (rendezvous time for collectives)."""
     vid = g.ops.get_column("vid").to_numpy()
     inst = g.ops.get_column("inst").to_numpy()
-    end = t[vid] + dur[vid]
+    end: np.ndarray = t[vid] + dur[vid]
     coll = inst >= 0
     end[coll] = t[g.inst_rdv[inst[coll]]]
     return end

@@ -28,6 +28,7 @@ import numpy as np
 import polars as pl
 
 from tracekit._errors import UsageError
+from tracekit.core._num import as_int
 from tracekit.replay.fabric import Fabric, parse_fabric
 from tracekit.replay.graph import ET_CPU, ET_SYNC_SELF, ET_SYNC_WAIT, VK_CPU, VK_STEP_START, ReplayGraph
 from tracekit.replay.simulate import SimInputs
@@ -228,7 +229,7 @@ def parse_whatif(spec: str) -> WhatIf:
         try:
             factor = float(rhs.lstrip("x×"))
         except ValueError:
-            factor = None  # type: ignore[assignment]
+            factor = None
         if factor is not None:
             if not math.isfinite(factor) or factor < 0:
                 raise UsageError(f"what-if {spec!r}: factor must be a finite number >= 0 (e.g. 0.5)")
@@ -259,7 +260,7 @@ def oracle_whatif(g: ReplayGraph, target: ReplayGraph, spec: str = "oracle") -> 
     """
     base = g.ops.select("rank", "step_ord", "name", "occ", "vid", "inst")
     tgt = target.ops.select("rank", "step_ord", "name", "occ", "dur", "inst")
-    n_t = max(int(target.ops.get_column("step_ord").max() or 0) + 1, 1)
+    n_t = max(as_int(target.ops.get_column("step_ord").max() or 0) + 1, 1)
     base = base.with_columns(
         pl.when(pl.col("step_ord") >= 0).then(pl.col("step_ord") % n_t).otherwise(-1).alias("_tso"))
     t_plain = tgt.filter(pl.col("inst") < 0)
