@@ -24,12 +24,8 @@ NOT_YET: dict[str, int] = {
     "tracekit/commands/capture.py::register.capture": 117,
     "tracekit/capture/external.py::run_external": 118,
     "tracekit/replay/api.py::replay": 116,
-    "tracekit/replay/graph.py::_rank_vertices": 108,
     "tracekit/capture/sglang_client.py::_capture_level": 102,
-    "tracekit/replay/graph.py::_cpu_edges": 96,
-    "tracekit/replay/graph.py::_rank_edges": 96,
     "tracekit/capture/orchestrate.py::run_builtin": 96,
-    "tracekit/replay/graph.py::build_graph": 89,
     "tracekit/capture/program_trace.py::assemble_program": 85,
     "tracekit/capture/sglang_client.py::capture_sglang": 82,
 }

@@ -278,6 +278,13 @@ def build_graph(df: pl.DataFrame, instances: pl.DataFrame | None = None) -> Repl
         pl.Series("launch_eid", np.concatenate([p["launch_eid"] for p in per_rank])),
         pl.Series("fifo_eid", np.concatenate([p["fifo_eid"] for p in per_rank])),
     )
+    return _assemble(b, per_rank, ops, instances, rdv_ids, vinst_gpu, ranks, typical, q, origin)
+
+
+def _assemble(b: _Builder, per_rank: list[dict[str, Any]], ops: pl.DataFrame, instances: pl.DataFrame, rdv_ids: np.ndarray,
+              vinst_gpu: np.ndarray, ranks: list[int], typical: dict[int, dict[str, int]], q: QualityLog,
+              origin: int) -> ReplayGraph:
+    """The :class:`ReplayGraph` from the builder's vertex and edge parts (each rank's chain starts at its observed time)."""
     vkind = b.cat("v", "kind", np.int8)
     vregion = np.full(vkind.size, -1, np.int64)
     for ids, reg in b.region_parts:
@@ -289,7 +296,7 @@ def build_graph(df: pl.DataFrame, instances: pl.DataFrame | None = None) -> Repl
     for p in per_rank:
         if p["chain"].size:
             vbase[p["chain"][0]] = p["chain_obs"][0]
-    g = ReplayGraph(
+    return ReplayGraph(
         origin_ns=origin,
         vkind=vkind,
         vrank=b.cat("v", "rank", np.int32),
@@ -314,28 +321,57 @@ def build_graph(df: pl.DataFrame, instances: pl.DataFrame | None = None) -> Repl
         typical=typical,
         quality=q,
     )
-    return g
 
 
 def _rank_vertices(b: _Builder, r: pl.DataFrame, rank: int, origin: int, q: QualityLog) -> dict[str, Any]:
-    kind_s = pl.col("kind")
+    """One rank's vertices: its host chain (runtime calls and step markers, in time order) and its GPU ops."""
     steps = replay_steps(r)
-    ops = r.filter(kind_s.is_in(list(GPU_OP_KINDS)))
+    ops = r.filter(pl.col("kind").is_in(list(GPU_OP_KINDS)))
     tid = _main_tid(r, steps, ops)
     synthetic = steps.height == 0
-    if synthetic:  # one synthetic step over the whole rank
-        own = kind_s.is_in(list(GPU_OP_KINDS)) | ((kind_s == "runtime") & (pl.col("tid") == tid))
-        span = r.filter(own).select(
-            pl.col("ts_ns").min().alias("a"), (pl.col("ts_ns") + pl.col("dur_ns")).max().alias("z"))
-        a, z = int(span.item(0, "a")), int(span.item(0, "z"))
-        steps = pl.DataFrame({"ts_ns": [a], "dur_ns": [z - a], "step_id": [None], "tokens": [None],
-                              "step_mode": [None], "tid": [tid]},
-                             schema={"ts_ns": pl.Int64, "dur_ns": pl.Int64, "step_id": pl.Int64, "tokens": pl.Int64,
-                                     "step_mode": pl.String, "tid": pl.Int64})
-        q.add("replay_no_steps", "no step annotations: the whole trace replays as one step", rank=rank)
+    if synthetic:
+        steps = _whole_rank_step(r, tid, rank, q)
+    rt = _host_calls(r, tid, origin, rank, q)
+    ch = _chain(b, rt, steps, origin, rank)
+    step_tbl = pl.DataFrame({
+        "rank": np.full(steps.height, rank, np.int32),
+        "step_ord": np.arange(steps.height, dtype=np.int64),
+        "step_id": steps.get_column("step_id").cast(pl.Int64),
+        "tokens": steps.get_column("tokens").cast(pl.Int64),
+        "step_mode": steps.get_column("step_mode").cast(pl.String),
+        "obs_ts": ch["s_ts"],
+        "obs_dur_ns": ch["s_end"] - ch["s_ts"],
+        "start_vid": ch["st_vid"],
+        "end_vid": ch["en_vid"],
+    })
+    ops_tbl = _gpu_vertices(b, ops, rank, origin, step_tbl, synthetic)
+    # sync records (for streams of Stream Sync / Stream Wait Event)
+    sync = r.filter(pl.col("kind") == "sync").select(pl.col("name").cast(pl.String), "stream", "correlation")
+    return {
+        "rank": rank, "tid": tid, "chain": ch["vids"], "chain_obs": ch["obs"], "chain_dur": ch["dur"],
+        "chain_kind": ch["kind"], "chain_region": ch["region"], "rt": rt, "rt_names": rt.get_column("name").cast(pl.String),
+        "rt_vid": ch["rt_vid"], "steps": step_tbl, "ops": ops_tbl, "sync": sync, "origin": origin,
+    }
+
+
+def _whole_rank_step(r: pl.DataFrame, tid: int | None, rank: int, q: QualityLog) -> pl.DataFrame:
+    """One synthetic step over the whole rank (its GPU ops and its main thread's runtime calls), flagged."""
+    kind_s = pl.col("kind")
+    own = kind_s.is_in(list(GPU_OP_KINDS)) | ((kind_s == "runtime") & (pl.col("tid") == tid))
+    span = r.filter(own).select(pl.col("ts_ns").min().alias("a"), (pl.col("ts_ns") + pl.col("dur_ns")).max().alias("z"))
+    a, z = int(span.item(0, "a")), int(span.item(0, "z"))
+    q.add("replay_no_steps", "no step annotations: the whole trace replays as one step", rank=rank)
+    return pl.DataFrame({"ts_ns": [a], "dur_ns": [z - a], "step_id": [None], "tokens": [None], "step_mode": [None], "tid": [tid]},
+                        schema={"ts_ns": pl.Int64, "dur_ns": pl.Int64, "step_id": pl.Int64, "tokens": pl.Int64,
+                                "step_mode": pl.String, "tid": pl.Int64})
+
+
+def _host_calls(r: pl.DataFrame, tid: int | None, origin: int, rank: int, q: QualityLog) -> pl.DataFrame:
+    """The main thread's runtime calls in time order (longest first at equal start), without the calls nested in
+    another call of the same thread (driver under runtime)."""
+    kind_s = pl.col("kind")
     rt = r.filter((kind_s == "runtime") & (pl.col("tid") == tid)) if tid is not None else r.filter(kind_s == "runtime")
     rt = rt.sort(["ts_ns", "dur_ns"], descending=[False, True])
-    # drop calls nested in another call of the same thread (driver under runtime)
     ts = _np(rt.get_column("ts_ns")) - origin
     end = ts + _np(rt.get_column("dur_ns"))
     if ts.size:
@@ -345,42 +381,37 @@ def _rank_vertices(b: _Builder, r: pl.DataFrame, rank: int, origin: int, q: Qual
             q.add("replay_nested_calls", f"{int((~keep).sum())} nested runtime calls folded into their parent",
                   severity="info", rank=rank)
         rt = rt.filter(pl.Series(keep))
-    rt_names = rt.get_column("name").cast(pl.String)
-    n_rt = rt.height
-    # chain = runtime calls + step markers, sorted by (ts, prio)
+    return rt
+
+
+def _chain(b: _Builder, rt: pl.DataFrame, steps: pl.DataFrame, origin: int, rank: int) -> dict[str, np.ndarray]:
+    """The host chain's vertices: runtime calls and step start/end markers sorted by (time, marker before call),
+    the vertex of each call and step marker, and each chain vertex's step region (after its start marker, up to and
+    including its end marker; -1 outside every step)."""
+    n_rt, n_st = rt.height, steps.height
     s_ts = _np(steps.get_column("ts_ns")) - origin
     s_end = s_ts + _np(steps.get_column("dur_ns"))
     c_ts = np.concatenate([_np(rt.get_column("ts_ns")) - origin, s_ts, s_end])
-    c_dur = np.concatenate([_np(rt.get_column("dur_ns")), np.zeros(2 * steps.height, np.int64)])
-    c_kind = np.concatenate([np.full(n_rt, VK_CPU), np.full(steps.height, VK_STEP_START), np.full(steps.height, VK_STEP_END)])
-    prio = np.concatenate([np.full(n_rt, 2), np.full(steps.height, 1), np.zeros(steps.height)])
+    c_dur = np.concatenate([_np(rt.get_column("dur_ns")), np.zeros(2 * n_st, np.int64)])
+    c_kind = np.concatenate([np.full(n_rt, VK_CPU), np.full(n_st, VK_STEP_START), np.full(n_st, VK_STEP_END)])
+    prio = np.concatenate([np.full(n_rt, 2), np.full(n_st, 1), np.zeros(n_st)])
     order = np.lexsort((prio, c_ts))
     chain_local = np.empty_like(order)
     chain_local[order] = np.arange(order.size)
     vids = b.add_vertices(c_kind[order].astype(np.int8), rank, c_ts[order], c_dur[order])
-    # vertex of runtime row i / step j
-    rt_vid = vids[chain_local[:n_rt]]
-    st_vid = vids[chain_local[n_rt:n_rt + steps.height]]
-    en_vid = vids[chain_local[n_rt + steps.height:]]
-    # step region of every chain vertex: after its start marker, up to and including its end marker
-    st_pos = chain_local[n_rt:n_rt + steps.height]
-    en_pos = chain_local[n_rt + steps.height:]
+    st_pos = chain_local[n_rt:n_rt + n_st]
+    en_pos = chain_local[n_rt + n_st:]
     pos = np.arange(vids.size)
     k = np.searchsorted(st_pos, pos, side="left") - 1
-    chain_region = np.where((k >= 0) & (pos <= en_pos[np.maximum(k, 0)] if en_pos.size else False), k, -1)
-    b.region_parts.append((vids, chain_region))
-    step_tbl = pl.DataFrame({
-        "rank": np.full(steps.height, rank, np.int32),
-        "step_ord": np.arange(steps.height, dtype=np.int64),
-        "step_id": steps.get_column("step_id").cast(pl.Int64),
-        "tokens": steps.get_column("tokens").cast(pl.Int64),
-        "step_mode": steps.get_column("step_mode").cast(pl.String),
-        "obs_ts": s_ts,
-        "obs_dur_ns": s_end - s_ts,
-        "start_vid": st_vid,
-        "end_vid": en_vid,
-    })
-    # GPU ops: vertices
+    region = np.where((k >= 0) & (pos <= en_pos[np.maximum(k, 0)] if en_pos.size else False), k, -1)
+    b.region_parts.append((vids, region))
+    return {"vids": vids, "obs": c_ts[order], "dur": c_dur[order], "kind": c_kind[order], "region": region,
+            "rt_vid": vids[chain_local[:n_rt]], "st_vid": vids[st_pos], "en_vid": vids[en_pos], "s_ts": s_ts, "s_end": s_end}
+
+
+def _gpu_vertices(b: _Builder, ops: pl.DataFrame, rank: int, origin: int, step_tbl: pl.DataFrame, synthetic: bool) -> pl.DataFrame:
+    """The rank's GPU ops in start order (graph clock, the columns replay reads, their step and occurrence), each
+    with its vertex (``vid``)."""
     step_map = dict(zip(step_tbl.get_column("step_id").to_list(), step_tbl.get_column("step_ord").to_list()))
     ops = ops.sort(["ts_ns"])
     sid = ops.get_column("step_id").cast(pl.Int64)
@@ -417,14 +448,7 @@ def _rank_vertices(b: _Builder, r: pl.DataFrame, rank: int, origin: int, q: Qual
     )
     ovid = b.add_vertices(VK_GPU, rank, _np(ops_tbl.get_column("ts")), _np(ops_tbl.get_column("dur")),
                           cat=ops_tbl.get_column("cat_idx").to_numpy())
-    ops_tbl = ops_tbl.with_columns(pl.Series("vid", ovid))
-    # sync records (for streams of Stream Sync / Stream Wait Event)
-    sync = r.filter(kind_s == "sync").select(pl.col("name").cast(pl.String), "stream", "correlation")
-    return {
-        "rank": rank, "tid": tid, "chain": vids, "chain_obs": c_ts[order], "chain_dur": c_dur[order],
-        "chain_kind": c_kind[order], "chain_region": chain_region, "rt": rt, "rt_names": rt_names, "rt_vid": rt_vid,
-        "steps": step_tbl, "ops": ops_tbl, "sync": sync, "origin": origin,
-    }
+    return ops_tbl.with_columns(pl.Series("vid", ovid))
 
 
 # ----------------------------------------------------------------------------- collectives
@@ -507,13 +531,32 @@ def _match_frame(c: pl.DataFrame) -> pl.DataFrame:
 # ----------------------------------------------------------------------------- edges
 
 
-def _rank_edges(b: _Builder, p: dict[str, Any], ops: pl.DataFrame, instances: pl.DataFrame, q: QualityLog) -> dict[str, int]:
-    rank = p["rank"]
-    chain, c_obs = p["chain"], p["chain_obs"]
+@dataclass(frozen=True)
+class _OpArrays:
+    """One rank's GPU ops as arrays, in the row order of its op table (sorted by start): vertex, observed start and
+    duration, instance (-1: not a collective), the vertex and observed time of its end (a collective's: its
+    rendezvous), launch time (its start when no call launched it), stream, stream FIFO predecessor (-1: first on
+    its stream) and graph launches (``graph_inner``: its predecessor belongs to the same graph launch)."""
+
+    vid: np.ndarray
+    ts: np.ndarray
+    dur: np.ndarray
+    inst: np.ndarray
+    is_coll: np.ndarray
+    end_vid: np.ndarray
+    end_obs: np.ndarray
+    from_end: np.ndarray
+    lts: np.ndarray
+    no_launch: np.ndarray
+    stream: np.ndarray
+    prev: np.ndarray
+    is_graph: np.ndarray
+    graph_inner: np.ndarray
+
+
+def _op_arrays(ops: pl.DataFrame, instances: pl.DataFrame, rank: int, q: QualityLog) -> _OpArrays:
     rdv = instances.get_column("rdv").to_numpy() if instances.height else np.zeros(0, np.int64)
     rdv_obs = instances.get_column("rdv_obs").to_numpy() if instances.height else np.zeros(0, np.int64)
-
-    # ---- GPU op arrays (sorted by ts within the rank)
     o_vid = _np(ops.get_column("vid"))
     o_ts = _np(ops.get_column("ts"))
     o_dur = _np(ops.get_column("dur"))
@@ -522,16 +565,13 @@ def _rank_edges(b: _Builder, p: dict[str, Any], ops: pl.DataFrame, instances: pl
     # the op's "end": its rendezvous vertex for collectives
     o_end_vid = np.where(o_is_coll, rdv[np.maximum(o_inst, 0)] if rdv.size else o_vid, o_vid)
     o_end_obs = np.where(o_is_coll, rdv_obs[np.maximum(o_inst, 0)] if rdv_obs.size else o_ts + o_dur, o_ts + o_dur)
-    o_from_end = ~o_is_coll
     lts_s = ops.get_column("launch_ts")
     no_launch = lts_s.is_null().to_numpy()
     if no_launch.any():
         q.add("replay_unlaunched_ops", f"{int(no_launch.sum())} GPU ops have no launching call (no correlation); "
               "anchored to the host timeline at their observed start", rank=rank)
-    o_lts = np.where(no_launch, o_ts, _np(lts_s))
     n_ops = o_ts.size
-
-    # ---- stream FIFO predecessor
+    # stream FIFO predecessor
     dev = _np(ops.get_column("device"), -1)
     stream = _np(ops.get_column("stream"), -1)
     sk = np.lexsort((o_ts, stream, dev))
@@ -540,13 +580,23 @@ def _rank_edges(b: _Builder, p: dict[str, Any], ops: pl.DataFrame, instances: pl
         same[sk[1:]] = (stream[sk[1:]] == stream[sk[:-1]]) & (dev[sk[1:]] == dev[sk[:-1]])
     prev = np.full(n_ops, -1, np.int64)
     prev[sk[1:]] = np.where(same[sk[1:]], sk[:-1], -1)
-
-    # ---- graph launches: ops sharing a correlation with a cudaGraphLaunch
+    # graph launches: ops sharing a correlation with a cudaGraphLaunch; within one launch, ops whose stream
+    # predecessor belongs to the same launch have no launch edge
     corr = ops.get_column("correlation").fill_null(-1).to_numpy()
     is_graph = ops.get_column("launch_name").is_in(list(_GRAPH_LAUNCH)).fill_null(False).to_numpy()
-    # within one launch, ops whose stream predecessor belongs to the same launch have no launch edge
     graph_inner = is_graph & (prev >= 0) & (corr == np.where(prev >= 0, corr[np.maximum(prev, 0)], -2))
+    return _OpArrays(o_vid, o_ts, o_dur, o_inst, o_is_coll, o_end_vid, o_end_obs, ~o_is_coll,
+                     np.where(no_launch, o_ts, _np(lts_s)), no_launch, stream, prev, is_graph, graph_inner)
 
+
+def _rank_edges(b: _Builder, p: dict[str, Any], ops: pl.DataFrame, instances: pl.DataFrame, q: QualityLog) -> dict[str, int]:
+    """One rank's edges: launch, stream FIFO, cross-stream event and rendezvous edges of its GPU ops, each weighted
+    so that replaying the observed trace reproduces it (replay_model.md §4), then its host program order and syncs."""
+    a = _op_arrays(ops, instances, p["rank"], q)
+    chain, c_obs = p["chain"], p["chain_obs"]
+    o_vid, o_ts, o_is_coll, o_end_vid, o_end_obs = a.vid, a.ts, a.is_coll, a.end_vid, a.end_obs
+    o_from_end, o_lts, no_launch, stream, prev = a.from_end, a.lts, a.no_launch, a.stream, a.prev
+    is_graph, graph_inner, n_ops = a.is_graph, a.graph_inner, a.ts.size
     # ---- launch source vertex in the chain
     li = _asof_back(c_obs, o_lts)
     li = np.maximum(li, 0)
@@ -566,7 +616,6 @@ def _rank_edges(b: _Builder, p: dict[str, Any], ops: pl.DataFrame, instances: pl
     queued = (prev >= 0) & (o_lts + lam_typ <= prev_end_obs)
     delta_obs = o_ts - prev_end_obs
     delta_typ = max(_median(delta_obs[queued & ~o_is_coll[np.maximum(prev, 0)]], _DEFAULT_DELTA_NS), 0)
-
 
     # ---- binding decision per op (replay_model.md §4)
     cand_launch = np.where(graph_inner, NEG, o_lts + lam_typ)
@@ -712,67 +761,20 @@ def _last_on_stream_before(o_lts: np.ndarray, o_ts: np.ndarray, stream: np.ndarr
 
 def _cpu_edges(b: _Builder, p: dict[str, Any], ops: pl.DataFrame, o_lts: np.ndarray, o_end_vid: np.ndarray,
                o_end_obs: np.ndarray, o_from_end: np.ndarray, stream: np.ndarray, q: QualityLog) -> dict[str, int]:
+    """The host chain's edges: each blocking call's sync-end vertex with its self and wait edges (the waited GPU ops:
+    :func:`_waited_ops`), then program order along the chain (a sync call's "end" is its sync-end vertex)."""
     chain, c_obs, c_dur = p["chain"], p["chain_obs"], p["chain_dur"]
     n = chain.size
-    rank = p["rank"]
     if n == 0:
         return {"sync_self_ns": 0, "sync_tail_ns": 0, "n_syncs": 0}
-    names_s = p["rt_names"]
     rt_vid = p["rt_vid"]
     r_ts = _np(p["rt"].get_column("ts_ns")) - p["origin"]
     r_dur = _np(p["rt"].get_column("dur_ns"))
-    r_corr = p["rt"].get_column("correlation").fill_null(-1).to_numpy()
-    kinds_s = names_s.to_frame("n").select(_blocking.blocking_kind_expr(pl.col("n"))).to_series()
-    blk = np.flatnonzero((kinds_s != "").to_numpy())
-    kinds = kinds_s.gather(blk).to_numpy() if blk.size else np.zeros(0, object)
-    o_ts = _np(ops.get_column("ts"))
-    # waited op per blocking call (one per stream for device syncs)
-    w_call: list[np.ndarray] = []
-    w_op: list[np.ndarray] = []
-    if blk.size and o_ts.size:
-        sync = p["sync"]
-        smap = {int(c): int(s) for c, s in zip(sync.get_column("correlation").fill_null(-1).to_list(),
-                                              sync.get_column("stream").fill_null(-1).to_list()) if s is not None}
-        k = kinds
-        t = r_ts[blk]
-        # stream syncs
-        m = k == "stream"
-        if m.any():
-            s = np.array([smap.get(int(c), -1) for c in r_corr[blk[m]]], np.int64)
-            last_any = _last_on_stream_before(o_lts, o_ts, stream, t[m], np.full(int(m.sum()), -2))
-            s = np.where(s >= 0, s, np.where(last_any >= 0, stream[np.maximum(last_any, 0)], -1))
-            w = _last_on_stream_before(o_lts, o_ts, stream, t[m], s)
-            w_call.append(blk[m])
-            w_op.append(w)
-        m = k == "device"
-        if m.any():
-            for u in np.unique(stream):
-                w = _last_on_stream_before(o_lts, o_ts, stream, t[m], np.full(int(m.sum()), u))
-                w_call.append(blk[m])
-                w_op.append(w)
-        m = k == "event"
-        if m.any():
-            rec = np.flatnonzero(names_s.is_in(list(_EVENT_RECORD)).to_numpy())
-            ri = _asof_back(r_ts[rec], t[m])
-            qt = np.where(ri >= 0, r_ts[rec][np.maximum(ri, 0)], t[m]) if rec.size else t[m]
-            w = _last_on_stream_before(o_lts, o_ts, stream, qt, np.full(int(m.sum()), -2))
-            w_call.append(blk[m])
-            w_op.append(w)
-        m = k == "self"
-        if m.any():
-            corr_o = ops.get_column("correlation").fill_null(-2).to_numpy()
-            pos = {int(c): i for i, c in enumerate(corr_o)}
-            w = np.array([pos.get(int(c), -1) for c in r_corr[blk[m]]], np.int64)
-            w_call.append(blk[m])
-            w_op.append(w)
-    wc = np.concatenate(w_call) if w_call else np.zeros(0, np.int64)
-    wo = np.concatenate(w_op) if w_op else np.zeros(0, np.int64)
-    ok = wo >= 0
-    wc, wo = wc[ok], wo[ok]
+    wc, wo = _waited_ops(p, ops, o_lts, stream, r_ts)
     sync_calls = np.unique(wc)
     # sync-end vertices
     z_obs = r_ts[sync_calls] + r_dur[sync_calls]
-    z_vid = b.add_vertices(VK_SYNC_END, rank, z_obs)
+    z_vid = b.add_vertices(VK_SYNC_END, p["rank"], z_obs)
     zpos = {int(c): i for i, c in enumerate(sync_calls)}
     z_of_wc = np.array([zpos[int(c)] for c in wc], np.int64) if wc.size else np.zeros(0, np.int64)
     w_end = o_end_obs[wo] if wo.size else np.zeros(0, np.int64)
@@ -806,3 +808,52 @@ def _cpu_edges(b: _Builder, p: dict[str, Any], ops: pl.DataFrame, o_lts: np.ndar
         b.add_edges(end_vid[:-1], chain[1:], ET_CPU, np.minimum(gap, 0), gap=np.maximum(gap, 0),
                     from_end=from_end[:-1])
     return {"sync_self_ns": self_typ, "sync_tail_ns": tail_typ, "n_syncs": int(sync_calls.size)}
+
+
+def _waited_ops(p: dict[str, Any], ops: pl.DataFrame, o_lts: np.ndarray, stream: np.ndarray,
+                r_ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(blocking call row, GPU op row it waits for) pairs: a stream sync waits for the last op launched on its stream
+    before it, a device sync for the last one of every stream, an event sync for the last op before the event's
+    record, a synchronous copy for its own op. Calls without a waited op are left out."""
+    names_s = p["rt_names"]
+    r_corr = p["rt"].get_column("correlation").fill_null(-1).to_numpy()
+    kinds_s = names_s.to_frame("n").select(_blocking.blocking_kind_expr(pl.col("n"))).to_series()
+    blk = np.flatnonzero((kinds_s != "").to_numpy())
+    k = kinds_s.gather(blk).to_numpy() if blk.size else np.zeros(0, object)
+    o_ts = _np(ops.get_column("ts"))
+    w_call: list[np.ndarray] = []
+    w_op: list[np.ndarray] = []
+    if blk.size and o_ts.size:
+        sync = p["sync"]
+        smap = {int(c): int(s) for c, s in zip(sync.get_column("correlation").fill_null(-1).to_list(),
+                                              sync.get_column("stream").fill_null(-1).to_list()) if s is not None}
+        t = r_ts[blk]
+        m = k == "stream"
+        if m.any():
+            s = np.array([smap.get(int(c), -1) for c in r_corr[blk[m]]], np.int64)
+            last_any = _last_on_stream_before(o_lts, o_ts, stream, t[m], np.full(int(m.sum()), -2))
+            s = np.where(s >= 0, s, np.where(last_any >= 0, stream[np.maximum(last_any, 0)], -1))
+            w_call.append(blk[m])
+            w_op.append(_last_on_stream_before(o_lts, o_ts, stream, t[m], s))
+        m = k == "device"
+        if m.any():
+            for u in np.unique(stream):
+                w_call.append(blk[m])
+                w_op.append(_last_on_stream_before(o_lts, o_ts, stream, t[m], np.full(int(m.sum()), u)))
+        m = k == "event"
+        if m.any():
+            rec = np.flatnonzero(names_s.is_in(list(_EVENT_RECORD)).to_numpy())
+            ri = _asof_back(r_ts[rec], t[m])
+            qt = np.where(ri >= 0, r_ts[rec][np.maximum(ri, 0)], t[m]) if rec.size else t[m]
+            w_call.append(blk[m])
+            w_op.append(_last_on_stream_before(o_lts, o_ts, stream, qt, np.full(int(m.sum()), -2)))
+        m = k == "self"
+        if m.any():
+            corr_o = ops.get_column("correlation").fill_null(-2).to_numpy()
+            pos = {int(c): i for i, c in enumerate(corr_o)}
+            w_call.append(blk[m])
+            w_op.append(np.array([pos.get(int(c), -1) for c in r_corr[blk[m]]], np.int64))
+    wc = np.concatenate(w_call) if w_call else np.zeros(0, np.int64)
+    wo = np.concatenate(w_op) if w_op else np.zeros(0, np.int64)
+    ok = wo >= 0
+    return wc[ok], wo[ok]
