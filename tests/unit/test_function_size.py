@@ -19,7 +19,6 @@ NOT_YET: dict[str, int] = {
     "tracekit/ingest/convert.py::convert": 182,
     "tracekit/capture/program_hook.py::install": 176,
     "tracekit/capture/rank_worker.py::_run": 150,
-    "tracekit/ingest/moe_structure.py::apply_moe_structure": 120,
     "tracekit/commands/capture.py::register": 120,
     "tracekit/commands/capture.py::register.capture": 117,
     "tracekit/capture/external.py::run_external": 118,

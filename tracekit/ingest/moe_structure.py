@@ -95,8 +95,37 @@ def apply_moe_structure(df: pl.DataFrame) -> pl.DataFrame:
     gpu = pl.col("kind").is_in(GPU_KINDS)
     if not df.select(gpu.any()).item():
         return df
-    flags = _name_flags(df, gpu)
     d = row_index(df, "_row")
+    by_name = ~pl.col("_fam").fill_null("").str.starts_with("ctx.")
+    ops = _launch_order(d, _name_flags(df, gpu), gpu, by_name)
+    upd: list[pl.DataFrame] = []
+    blocks = _moe_blocks(ops)
+    if blocks is None:  # no router at all
+        blocks = pl.DataFrame(schema={"_start": pl.Int64, "_end": pl.Int64})
+    else:
+        upd.append(_block_updates(ops, blocks, by_name))
+    # eager attention: GEMM .. softmax .. GEMM, outside the MoE blocks
+    ops = ops.with_columns(next_after("_gemm").alias("_g_next"), next_after("_topk").alias("_k_next"))
+    hit = _eager_attention(ops, blocks, by_name)
+    if hit is not None:
+        upd.append(hit.select("_row", pl.lit("attention").alias("_c"), pl.lit("attention.eager").alias("_f")))
+    eager_pos = hit.select("_pos") if hit is not None else pl.DataFrame(schema={"_pos": pl.Int64})
+    idx = _indexer_gemms(ops, blocks, eager_pos, by_name)
+    if idx.height:
+        upd.append(idx.select("_row", pl.lit("attention").alias("_c"), pl.lit("attention.indexer").alias("_f")))
+    if not upd:
+        return df
+    u = pl.concat(upd, how="vertical_relaxed").unique("_row", keep="first")
+    out = attach_rows(d, u, "_row")
+    return out.with_columns(
+        pl.coalesce(pl.col("_c").cast(pl.Categorical), pl.col("category").cast(pl.Categorical)).alias("category"),
+        pl.coalesce(pl.col("_f").cast(pl.Categorical), pl.col("family").cast(pl.Categorical)).alias("family"),
+    ).drop(["_row", "_c", "_f"])
+
+
+def _launch_order(d: pl.DataFrame, flags: pl.DataFrame, gpu: pl.Expr, by_name: pl.Expr) -> pl.DataFrame:
+    """The rank's GPU ops in launch order (``_pos``) with their name flags (kernels only), GEMM runs (a GEMM plus its
+    split-K reduce: ``_run0``, the run's first position) and the last probability / top-k / GEMM op before each."""
     fam = pl.col("family").cast(pl.String)
     ops = (
         d.lazy().filter(gpu)
@@ -110,7 +139,6 @@ def apply_moe_structure(df: pl.DataFrame) -> pl.DataFrame:
         .with_columns(pl.col("_pos").cast(pl.Int64))
     )
     kernel = pl.col("_kind") == "kernel"
-    by_name = ~pl.col("_fam").fill_null("").str.starts_with("ctx.")
     ops = ops.with_columns(
         (kernel & pl.col("_topk").fill_null(False)).alias("_topk"),
         (kernel & pl.col("_probs").fill_null(False)).alias("_probs"),
@@ -120,16 +148,20 @@ def apply_moe_structure(df: pl.DataFrame) -> pl.DataFrame:
         # a GEMM by its name rule, or one a context rule already re-attributed (e.g. the gate GEMM in a router range)
         (kernel & (pl.col("_cat").is_in(_GEMM_CATS) | (~by_name & pl.col("_gemmname").fill_null(False)))).alias("_gemm"),
     )
-    pos = pl.col("_pos")
-
-    # GEMM runs (a GEMM plus its split-K reduce): the run's first position
     run = (pl.col("_gemm") != pl.col("_gemm").shift(1)).fill_null(True).cum_sum()
-    ops = ops.with_columns(run.alias("_run")).with_columns(pos.min().over("_run").alias("_run0"))
-    ops = ops.with_columns(
+    ops = ops.with_columns(run.alias("_run")).with_columns(pl.col("_pos").min().over("_run").alias("_run0"))
+    return ops.with_columns(
         last_before("_probs").alias("_p_prev"),
         last_before("_topk").alias("_k_prev"),
         last_before("_gemm").alias("_g_prev"),
     )
+
+
+def _moe_blocks(ops: pl.DataFrame) -> pl.DataFrame | None:
+    """MoE blocks (``_start``, ``_end``, ``_topk_pos``): from a router's gate GEMM run (GEMM → probabilities →
+    top-k within the limits) to the last combine before the next norm anchor or the next router; a router with no
+    combine after it (a sampler's softmax → top-k) is not a block. None when no router is found at all."""
+    pos = pl.col("_pos")
     # the probability kernel's own last GEMM (looked up at the probability kernel's position)
     at = ops.select(pos.alias("_p_prev"), pl.col("_g_prev").alias("_pg"))
     gate_run0 = ops.select(pos.alias("_pg"), pl.col("_run0").alias("_g0"))
@@ -139,49 +171,57 @@ def apply_moe_structure(df: pl.DataFrame) -> pl.DataFrame:
         & (pl.col("_k_prev").is_null() | (pl.col("_k_prev") < pl.col("_p_prev")))
         & pl.col("_pg").is_not_null() & (pl.col("_p_prev") - pl.col("_pg") <= MAX_GEMM_TO_PROBS)
     ).select(pl.col("_g0").alias("_start"), pos.alias("_topk_pos"))
-    upd: list[pl.DataFrame] = []
-    blocks = pl.DataFrame(schema={"_start": pl.Int64, "_end": pl.Int64})
-    if routers.height:
-        # block end: last combine before min(next norm anchor, next router start)
-        nxt_norm = ops.select(pos.alias("_topk_pos"), next_after("_norm").alias("_nn"))
-        routers = routers.sort("_topk_pos").join(nxt_norm, on="_topk_pos", how="left").with_columns(
-            pl.col("_start").shift(-1).alias("_next_router"),
-        ).with_columns(
-            pl.min_horizontal(pl.col("_nn").fill_null(ops.height), pl.col("_next_router").fill_null(ops.height)).alias("_limit")
-        )
-        comb = ops.filter(pl.col("_combine")).select(pos.alias("_cpos"))
-        # the last combine before the limit: backward as-of on the limit - 1
-        routers = routers.with_columns((pl.col("_limit") - 1).alias("_q")).sort("_q").join_asof(
-            comb.sort("_cpos"), left_on="_q", right_on="_cpos", strategy="backward"
-        ).with_columns(
-            pl.when(pl.col("_cpos").is_not_null() & (pl.col("_cpos") > pl.col("_topk_pos"))).then(pl.col("_cpos"))
-            .otherwise(pl.col("_topk_pos")).alias("_end")
-        )
-        # a router with no combine after it is not an MoE block (e.g. a sampler's softmax -> top-k)
-        routers = routers.filter(pl.col("_end") > pl.col("_topk_pos"))
-        blocks = routers.select("_start", "_end", "_topk_pos").sort("_start")
-        inb = ops.sort("_pos").join_asof(blocks, left_on="_pos", right_on="_start", strategy="backward").filter(
-            pl.col("_end").is_not_null() & (pos <= pl.col("_end"))
-        )
-        gate_part = pos <= pl.col("_topk_pos")
-        cat = (
-            pl.when(pl.col("_kind") != "kernel").then(pl.lit(None, dtype=pl.String))
-            .when(~by_name).then(pl.lit(None, dtype=pl.String))
-            .when(gate_part).then(pl.lit("moe_routing"))
-            .when(pl.col("_cat") == "moe_gemm").then(pl.lit(None, dtype=pl.String))
-            .when(pl.col("_gemm")).then(pl.lit("moe_gemm"))
-            .when(pl.col("_fam") == "elementwise.activation").then(pl.lit(None, dtype=pl.String))
-            .when(pl.col("_cat").is_in(["communication", "memory", "attention", "moe_routing"])).then(pl.lit(None, dtype=pl.String))
-            .otherwise(pl.lit("moe_routing"))
-        )
-        famx = (
-            pl.when(gate_part).then(pl.lit("moe_routing.gate"))
-            .when(pl.col("_gemm")).then(pl.lit("moe_gemm.structure"))
-            .otherwise(pl.lit("moe_routing.dispatch"))
-        )
-        upd.append(inb.select("_row", cat.alias("_c"), famx.alias("_f")).filter(pl.col("_c").is_not_null()))
-    # eager attention: GEMM .. softmax .. GEMM, outside the MoE blocks
-    ops = ops.with_columns(next_after("_gemm").alias("_g_next"), next_after("_topk").alias("_k_next"))
+    if not routers.height:
+        return None
+    nxt_norm = ops.select(pos.alias("_topk_pos"), next_after("_norm").alias("_nn"))
+    routers = routers.sort("_topk_pos").join(nxt_norm, on="_topk_pos", how="left").with_columns(
+        pl.col("_start").shift(-1).alias("_next_router"),
+    ).with_columns(
+        pl.min_horizontal(pl.col("_nn").fill_null(ops.height), pl.col("_next_router").fill_null(ops.height)).alias("_limit")
+    )
+    comb = ops.filter(pl.col("_combine")).select(pos.alias("_cpos"))
+    # the last combine before the limit: backward as-of on the limit - 1
+    routers = routers.with_columns((pl.col("_limit") - 1).alias("_q")).sort("_q").join_asof(
+        comb.sort("_cpos"), left_on="_q", right_on="_cpos", strategy="backward"
+    ).with_columns(
+        pl.when(pl.col("_cpos").is_not_null() & (pl.col("_cpos") > pl.col("_topk_pos"))).then(pl.col("_cpos"))
+        .otherwise(pl.col("_topk_pos")).alias("_end")
+    )
+    routers = routers.filter(pl.col("_end") > pl.col("_topk_pos"))
+    return routers.select("_start", "_end", "_topk_pos").sort("_start")
+
+
+def _block_updates(ops: pl.DataFrame, blocks: pl.DataFrame, by_name: pl.Expr) -> pl.DataFrame:
+    """New category / family (``_c``, ``_f``) of the kernels inside MoE blocks: the gate part is routing, GEMMs
+    are MoE GEMMs, the rest dispatch (kernels a context rule attributed, activations, communication, memory and
+    attention keep theirs)."""
+    pos = pl.col("_pos")
+    inb = ops.sort("_pos").join_asof(blocks, left_on="_pos", right_on="_start", strategy="backward").filter(
+        pl.col("_end").is_not_null() & (pos <= pl.col("_end"))
+    )
+    gate_part = pos <= pl.col("_topk_pos")
+    cat = (
+        pl.when(pl.col("_kind") != "kernel").then(pl.lit(None, dtype=pl.String))
+        .when(~by_name).then(pl.lit(None, dtype=pl.String))
+        .when(gate_part).then(pl.lit("moe_routing"))
+        .when(pl.col("_cat") == "moe_gemm").then(pl.lit(None, dtype=pl.String))
+        .when(pl.col("_gemm")).then(pl.lit("moe_gemm"))
+        .when(pl.col("_fam") == "elementwise.activation").then(pl.lit(None, dtype=pl.String))
+        .when(pl.col("_cat").is_in(["communication", "memory", "attention", "moe_routing"])).then(pl.lit(None, dtype=pl.String))
+        .otherwise(pl.lit("moe_routing"))
+    )
+    famx = (
+        pl.when(gate_part).then(pl.lit("moe_routing.gate"))
+        .when(pl.col("_gemm")).then(pl.lit("moe_gemm.structure"))
+        .otherwise(pl.lit("moe_routing.dispatch"))
+    )
+    return inb.select("_row", cat.alias("_c"), famx.alias("_f")).filter(pl.col("_c").is_not_null())
+
+
+def _eager_attention(ops: pl.DataFrame, blocks: pl.DataFrame, by_name: pl.Expr) -> pl.DataFrame | None:
+    """The name-rule dense GEMMs / other ops of eager attention (GEMM .. softmax .. GEMM within the gaps, no top-k
+    between them, outside the MoE blocks); None when the pattern does not occur."""
+    pos = pl.col("_pos")
     att = ops.filter(
         pl.col("_softmax") & pl.col("_g_prev").is_not_null() & pl.col("_g_next").is_not_null()
         & (pos - pl.col("_g_prev") <= MAX_ATTN_GAP) & (pl.col("_g_next") - pos <= MAX_ATTN_GAP)
@@ -189,27 +229,13 @@ def apply_moe_structure(df: pl.DataFrame) -> pl.DataFrame:
         & (pl.col("_k_prev").is_null() | (pl.col("_k_prev") < pl.col("_g_prev")))
         & (pl.col("_k_next").is_null() | (pl.col("_k_next") > pl.col("_g_next")))
     ).select(pl.col("_g_prev").alias("_a"), pos.alias("_s"), pl.col("_g_next").alias("_b"))
-    if att.height:
-        if blocks.height:
-            att = att.sort("_a").join_asof(blocks.select("_start", "_end"), left_on="_a", right_on="_start", strategy="backward").filter(
-                pl.col("_end").is_null() | (pl.col("_a") > pl.col("_end"))).select("_a", "_s", "_b")
-        pos_hit = pl.concat([att.select(pl.col(c).alias("_pos")) for c in ("_a", "_s", "_b")]).unique()
-        hit = ops.join(pos_hit, on="_pos", how="inner").filter(by_name & pl.col("_cat").is_in(["dense_gemm", "other_compute"]))
-        upd.append(hit.select("_row", pl.lit("attention").alias("_c"), pl.lit("attention.eager").alias("_f")))
-        eager_pos = hit.select("_pos")
-    else:
-        eager_pos = pl.DataFrame(schema={"_pos": pl.Int64})
-    idx = _indexer_gemms(ops, blocks, eager_pos, by_name)
-    if idx.height:
-        upd.append(idx.select("_row", pl.lit("attention").alias("_c"), pl.lit("attention.indexer").alias("_f")))
-    if not upd:
-        return df
-    u = pl.concat(upd, how="vertical_relaxed").unique("_row", keep="first")
-    out = attach_rows(d, u, "_row")
-    return out.with_columns(
-        pl.coalesce(pl.col("_c").cast(pl.Categorical), pl.col("category").cast(pl.Categorical)).alias("category"),
-        pl.coalesce(pl.col("_f").cast(pl.Categorical), pl.col("family").cast(pl.Categorical)).alias("family"),
-    ).drop(["_row", "_c", "_f"])
+    if not att.height:
+        return None
+    if blocks.height:
+        att = att.sort("_a").join_asof(blocks.select("_start", "_end"), left_on="_a", right_on="_start", strategy="backward").filter(
+            pl.col("_end").is_null() | (pl.col("_a") > pl.col("_end"))).select("_a", "_s", "_b")
+    pos_hit = pl.concat([att.select(pl.col(c).alias("_pos")) for c in ("_a", "_s", "_b")]).unique()
+    return ops.join(pos_hit, on="_pos", how="inner").filter(by_name & pl.col("_cat").is_in(["dense_gemm", "other_compute"]))
 
 
 def _indexer_gemms(ops: pl.DataFrame, blocks: pl.DataFrame, eager_pos: pl.DataFrame, by_name: pl.Expr) -> pl.DataFrame:
