@@ -165,7 +165,9 @@ class _Reader:
         k = self.name_of(k, "shortName", "_sn") if "shortName" in k.columns else k.with_columns(pl.lit(None, pl.String).alias("_sn"))
         k = k.with_columns(_pid("globalPid").alias("_proc"))
         k = self._device(k)
-        opt = lambda c: pl.col(c) if c in k.columns else pl.lit(None, dtype=pl.Int64)  # noqa: E731
+        def opt(c: str) -> pl.Expr:
+            return pl.col(c) if c in k.columns else pl.lit(None, dtype=pl.Int64)
+
         missing = k.filter(pl.col("_dn").is_null() & pl.col("_sn").is_null()).height
         if missing:
             self.q.add("nsys_unnamed_kernels", f"{self.src.path.name}: {missing} kernels without a name in StringIds",

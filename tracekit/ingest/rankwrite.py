@@ -18,6 +18,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from tracekit import _interrupt
+from tracekit.core._num import as_int
 from tracekit.ingest.common import ts_order
 from tracekit.schema import ARROW_SCHEMA, TraceWriter, conform, to_arrow
 
@@ -104,7 +105,7 @@ def dedupe_steps(rank_df: pl.DataFrame, extra: pl.DataFrame) -> tuple[pl.DataFra
         rest = traced.filter(~pl.col("_tsid").is_in(hit.get_column("_tsid").implode()))
         if rest.height:
             left = recs.filter(~pl.col("_i").is_in(hit.get_column("_i").implode()))
-            tol = int(max(1, (steps["dur_ns"].min() or 1)) // 2)
+            tol = max(1, as_int(steps["dur_ns"].min() or 1)) // 2
             m2 = rest.join_asof(left, left_on="_t", right_on="_rs", strategy="nearest", tolerance=tol, check_sortedness=False)
             hit = pl.concat([hit, m2.filter(pl.col("_rs").is_not_null()).unique("_i", keep="first").select(hit.columns)])
         cand = cand.filter(~pl.col("_i").is_in(hit.get_column("_i").implode()))
@@ -234,7 +235,9 @@ def _merge_extra(batches: Iterator[pa.Table], extra: pl.DataFrame | None) -> Ite
     def combine(t: pa.Table, e: pl.DataFrame) -> pa.Table:
         if not e.height:
             return t
-        both = pl.concat([pl.from_arrow(t), conform(e)], how="vertical_relaxed")  # type: ignore[list-item]
+        head = pl.from_arrow(t)
+        assert isinstance(head, pl.DataFrame)
+        both = pl.concat([head, conform(e)], how="vertical_relaxed")
         return to_arrow(both.sort("ts_ns", maintain_order=True))
 
     for b in batches:
@@ -262,6 +265,6 @@ def _finish_batch(tbl: pa.Table, r: int, offset: int) -> pa.Table:
     return tbl
 
 
-def _const(v: int, n: int, dtype: pl.DataType = pl.Int32) -> pa.Array:
+def _const(v: int, n: int, dtype: pl.DataType | type[pl.DataType] = pl.Int32) -> pa.Array:
     # through polars: building an Arrow array or scalar from Python values makes pyarrow import pandas (+0.2 s, +40 MB)
     return pl.repeat(v, n, dtype=dtype, eager=True).to_arrow()
