@@ -25,7 +25,6 @@ NOT_YET: dict[str, int] = {
     "tracekit/replay/api.py::replay": 116,
     "tracekit/capture/sglang_client.py::_capture_level": 102,
     "tracekit/capture/orchestrate.py::run_builtin": 96,
-    "tracekit/capture/program_trace.py::assemble_program": 85,
     "tracekit/capture/sglang_client.py::capture_sglang": 82,
 }
 

@@ -195,29 +195,7 @@ def assemble_program(
     """Write ``out`` from a program run directory; returns the footer metadata."""
     quality = quality if quality is not None else QualityLog()
     files, extras = load_program_run(run_dir)
-    states = sorted(Path(run_dir).glob("rank*.state.json"))
-    for p in states:
-        try:
-            r = int(json.loads(p.read_text())["rank"])
-        except (ValueError, OSError, KeyError):
-            continue
-        if r not in extras:
-            quality.add("capture_rank_missing", f"rank {r} started but wrote no records (killed before its capture ended?)", rank=r)
-    if not extras:
-        if not states:
-            raise CaptureError(f"{' '.join(command)}: no process imported torch, so nothing was profiled; "
-                               "check the command after -- (a Python program that imports torch)")
-        raise CaptureError(f"{' '.join(command)}: no rank finished its capture; see the program's output above")
-    for r, ex in sorted(extras.items()):
-        for err in ex.get("errors") or []:
-            quality.add("capture_rank_error", f"rank {r}: {err}", rank=r)
-        for w in ex.get("windows") or []:
-            if w.get("cut_by"):
-                quality.add("capture_window_cut", f"rank {r}: window {w['k']} cut short by {w['cut_by']} (kept)", severity="info", rank=r)
-            if w.get("late"):
-                quality.add("capture_window_late", f"rank {r}: window {w['k']} boundary applied {w['late']} step(s) late", rank=r)
-        if ex.get("records_dropped"):
-            quality.add("capture_records_dropped", f"rank {r}: {ex['records_dropped']} step records beyond the cap were dropped", rank=r)
+    _rank_notes(run_dir, extras, command, quality)
     spans = [sp for ex in extras.values() if (sp := _span(ex)) is not None]
     lo, hi = (min(s for s, _ in spans), max(e for _, e in spans)) if spans else (None, None)
     wins = window_table(extras)
@@ -225,23 +203,9 @@ def assemble_program(
     steps = step_rows(extras, steps_from)
     counters, owner = counters_frame(samplers, extras, lo, hi)
     tel = dict(telemetry or {})
-    if not tel.get("available"):
-        quality.add("telemetry_unavailable", f"no GPU telemetry: {tel.get('reason') or 'not sampled'}", severity="info")
-    elif counters.height == 0:
-        quality.add("telemetry_unavailable", "no GPU telemetry in the capture window (no rank used a sampled GPU)", severity="info")
     tel["gpu_of_rank"] = {str(r): d for d, r in owner.items()}
-    leader0 = extras.get(0) or extras[min(extras)]
-    if options.get("steps") and not leader0.get("steps_seen"):
-        quality.add("capture_no_steps", f"--steps {options['steps']}: the program marked no step (record_function labels such as "
-                    "forward#i or ProfilerStep#N; or pass --steps-from REGEX), so windows followed the clock")
-    if not files:
-        why = ""
-        if not leader0.get("windows"):
-            sa = options.get("start_at")
-            why = (f" (the start condition never came: --start-at {sa}" + (f" after --delay {options.get('delay_s'):g}s" if options.get("delay_s") else "") + ")"
-                   if sa else f" (the program ended before --delay {options.get('delay_s') or 0:g}s, or before its first window closed)")
-        quality.add("capture_no_profiler_windows", "no profiler window completed" + why + "; the trace holds step records and counters only")
     leader = extras.get(0) or extras[min(extras)]
+    _capture_notes(options, leader, bool(files), tel, counters.height, quality)
     capture = {
         "target": "program",
         "command": list(command),
@@ -266,3 +230,50 @@ def assemble_program(
         write_trace(pl.concat(frames, how="vertical_relaxed") if frames else empty_frame(), out,
                     {"world_size": len(extras), **meta}, force=force)
     return meta
+
+
+def _rank_notes(run_dir: Path, extras: dict[int, dict[str, Any]], command: Sequence[str], quality: QualityLog) -> None:
+    """Flags of each rank's run (started but wrote nothing, errors, windows cut or late, records dropped); a
+    :class:`CaptureError` when no rank finished its capture."""
+    states = sorted(Path(run_dir).glob("rank*.state.json"))
+    for p in states:
+        try:
+            r = int(json.loads(p.read_text())["rank"])
+        except (ValueError, OSError, KeyError):
+            continue
+        if r not in extras:
+            quality.add("capture_rank_missing", f"rank {r} started but wrote no records (killed before its capture ended?)", rank=r)
+    if not extras:
+        if not states:
+            raise CaptureError(f"{' '.join(command)}: no process imported torch, so nothing was profiled; "
+                               "check the command after -- (a Python program that imports torch)")
+        raise CaptureError(f"{' '.join(command)}: no rank finished its capture; see the program's output above")
+    for r, ex in sorted(extras.items()):
+        for err in ex.get("errors") or []:
+            quality.add("capture_rank_error", f"rank {r}: {err}", rank=r)
+        for w in ex.get("windows") or []:
+            if w.get("cut_by"):
+                quality.add("capture_window_cut", f"rank {r}: window {w['k']} cut short by {w['cut_by']} (kept)", severity="info", rank=r)
+            if w.get("late"):
+                quality.add("capture_window_late", f"rank {r}: window {w['k']} boundary applied {w['late']} step(s) late", rank=r)
+        if ex.get("records_dropped"):
+            quality.add("capture_records_dropped", f"rank {r}: {ex['records_dropped']} step records beyond the cap were dropped", rank=r)
+
+
+def _capture_notes(options: dict[str, Any], leader0: dict[str, Any], have_files: bool, tel: dict[str, Any], n_counters: int,
+                   quality: QualityLog) -> None:
+    """Flags of the capture as a whole: no telemetry, no step marked, no profiler window completed (and why)."""
+    if not tel.get("available"):
+        quality.add("telemetry_unavailable", f"no GPU telemetry: {tel.get('reason') or 'not sampled'}", severity="info")
+    elif n_counters == 0:
+        quality.add("telemetry_unavailable", "no GPU telemetry in the capture window (no rank used a sampled GPU)", severity="info")
+    if options.get("steps") and not leader0.get("steps_seen"):
+        quality.add("capture_no_steps", f"--steps {options['steps']}: the program marked no step (record_function labels such as "
+                    "forward#i or ProfilerStep#N; or pass --steps-from REGEX), so windows followed the clock")
+    if not have_files:
+        why = ""
+        if not leader0.get("windows"):
+            sa = options.get("start_at")
+            why = (f" (the start condition never came: --start-at {sa}" + (f" after --delay {options.get('delay_s'):g}s" if options.get("delay_s") else "") + ")"
+                   if sa else f" (the program ended before --delay {options.get('delay_s') or 0:g}s, or before its first window closed)")
+        quality.add("capture_no_profiler_windows", "no profiler window completed" + why + "; the trace holds step records and counters only")
