@@ -104,7 +104,7 @@ class StepRecorder:
 
 def _nvtx_pair() -> tuple[Callable[[str], Any], Callable[[], Any]] | None:
     try:
-        import nvtx  # type: ignore[import-not-found]
+        import nvtx
 
         dom = nvtx.get_domain("tracekit")
         attrs = dom.get_event_attributes

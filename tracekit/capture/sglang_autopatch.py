@@ -77,7 +77,8 @@ class _PatchingLoader(importlib.abc.Loader):
 class _PostImportFinder(importlib.abc.MetaPathFinder):
     """Finds nothing itself; for :data:`MODULE` it wraps the spec the other finders return."""
 
-    def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None):  # type: ignore[override]
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
         if fullname != MODULE:
             return None
         for finder in sys.meta_path:
@@ -86,7 +87,7 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
             find = getattr(finder, "find_spec", None)
             if find is None:
                 continue
-            spec = find(fullname, path, target)
+            spec: importlib.machinery.ModuleSpec | None = find(fullname, path, target)
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
                     spec.loader = _PatchingLoader(spec.loader)

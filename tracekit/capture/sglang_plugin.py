@@ -65,7 +65,7 @@ def register() -> None:
     """
     if not enabled():
         return
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType  # type: ignore[import-not-found]
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(TARGET, forward_hook, HookType.AROUND)
     _STATE.installed_by = _STATE.installed_by or "plugin"
@@ -152,13 +152,13 @@ def _nvtx_pair() -> tuple[Callable[[str], Any], Callable[[], Any]] | None:
 
         if torch.cuda.is_available():
             nv = torch.cuda.nvtx
-            nv.range_push("tk.probe")
-            nv.range_pop()
+            nv.range_push("tk.probe")  # type: ignore[no-untyped-call]
+            nv.range_pop()  # type: ignore[no-untyped-call]
             return nv.range_push, nv.range_pop
     except Exception:  # noqa: BLE001 - CPU build or no driver
         pass
     try:
-        import nvtx  # type: ignore[import-not-found]
+        import nvtx
 
         return (lambda msg: nvtx.push_range(msg, domain="tracekit")), (lambda: nvtx.pop_range(domain="tracekit"))
     except Exception:  # noqa: BLE001
@@ -173,7 +173,7 @@ def _resolve_rank(runner: Any) -> tuple[int, int | None]:
     tp = _int_or_none(getattr(runner, "tp_rank", None))  # <= 0.5.12
     if tp is None:
         try:
-            from sglang.srt.runtime_context import get_parallel  # type: ignore[import-not-found]  # >= 0.5.16
+            from sglang.srt.runtime_context import get_parallel  # >= 0.5.16
 
             tp = _int_or_none(get_parallel().tp_rank)
         except Exception:  # noqa: BLE001

@@ -119,7 +119,7 @@ class TelemetrySampler:
         """Initialise NVML and the handle; False (said once) when there is no driver."""
         try:
             if self.nvml is None:
-                import pynvml  # type: ignore[import-not-found]
+                import pynvml
 
                 self.nvml = pynvml
             self.nvml.nvmlInit()
@@ -312,7 +312,7 @@ class LocalTelemetry:
     def open(self) -> bool:
         try:
             if self.nvml is None:
-                import pynvml  # type: ignore[import-not-found]
+                import pynvml
 
                 self.nvml = pynvml
             self.nvml.nvmlInit()

@@ -312,7 +312,7 @@ class WindowController:
             return False
         w = self._open
         if w is not None:
-            return w["mode"] == "time"
+            return bool(w["mode"] == "time")
         return not self.steps_seen
 
     def finish(self, reason: str) -> None:

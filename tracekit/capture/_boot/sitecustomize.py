@@ -11,6 +11,7 @@ is chained (run after this one).
 import os
 import sys
 import time
+from typing import Any
 
 _T0_NS = time.time_ns()
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -51,18 +52,18 @@ def _arm() -> None:
     import importlib.abc
 
     class _Loader(importlib.abc.Loader):
-        def __init__(self, inner):  # type: ignore[no-untyped-def]
+        def __init__(self, inner: Any) -> None:
             self._inner = inner
 
-        def create_module(self, spec):  # type: ignore[no-untyped-def]
+        def create_module(self, spec: Any) -> Any:
             return self._inner.create_module(spec)
 
-        def exec_module(self, module):  # type: ignore[no-untyped-def]
+        def exec_module(self, module: Any) -> None:
             self._inner.exec_module(module)
             _install_hook()
 
     class _Finder(importlib.abc.MetaPathFinder):
-        def find_spec(self, fullname, path, target=None):  # type: ignore[no-untyped-def]
+        def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
             if fullname != "torch":
                 return None
             sys.meta_path.remove(self)  # once
