@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-__all__ = ["TracekitError", "InputError", "OutputError", "CaptureError", "UsageError", "MissingDependency", "require", "Quality",
-           "QualityLog", "os_reason"]
+__all__ = ["TracekitError", "InputError", "OutputError", "CaptureError", "UsageError", "ClusterError", "MissingDependency", "require",
+           "Quality", "QualityLog", "os_reason"]
 
 
 class TracekitError(Exception):
@@ -44,6 +44,12 @@ class UsageError(TracekitError):
     """Options that contradict each other or name things that do not exist."""
 
     exit_code = 64
+
+
+class ClusterError(TracekitError):
+    """The cluster (``--cluster``) cannot be reached, has no workers, or lost a task's worker for good."""
+
+    exit_code = 5
 
 
 class MissingDependency(UsageError):

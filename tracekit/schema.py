@@ -8,6 +8,13 @@ reader can stream one rank at a time.
 The machine-readable column table is ``schemas/trace_v1.json``; a test checks
 that :data:`ARROW_SCHEMA` matches it. Old files load with nulls for columns
 added later; files from a newer major schema version are refused.
+
+Many ranks can also be stored as a **directory dataset**, hive-partitioned by rank:
+``<dir>/rank=<r>/part-<k>.parquet`` (each part in :data:`ARROW_SCHEMA`, its ``rank`` column equal to
+the directory's, rows sorted by ``ts_ns``) plus the footer metadata once, in ``<dir>/_common_metadata``
+(a Parquet footer without rows: the schema and the same ``tracekit`` JSON). :func:`read_metadata`,
+:func:`scan_trace` and :func:`read_trace` read either; polars (``pl.scan_parquet("<dir>/rank=*/*.parquet",
+hive_partitioning=True)``), pyarrow and Spark read the directory as it is.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import stat
 import tempfile
 from pathlib import Path
@@ -49,12 +57,22 @@ __all__ = [
     "guard_inputs",
     "note_input",
     "check_output_path",
+    "DATASET_META",
+    "is_dataset",
+    "dataset_parts",
+    "write_dataset_meta",
 ]
 
 SCHEMA_VERSION = 1
 #: ranks are int32 in the trace
 MAX_RANK = 2**31 - 1
 META_KEY = b"tracekit"
+#: footer key of one partition of a directory dataset (``{"rank": r}``): a lone part is not a trace
+PART_KEY = b"tracekit_part"
+#: the file of a directory dataset holding the footer metadata (schema + ``tracekit`` JSON)
+DATASET_META = "_common_metadata"
+_RANK_DIR = re.compile(r"^rank=(\d+)$")
+_PART_FILE = re.compile(r"^part-(\d+)\.parquet$")
 
 #: Row kinds. GPU ops are ``kernel``, ``memcpy`` and ``memset``.
 KINDS = (
@@ -432,9 +450,12 @@ class TraceWriter:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, force: bool = False, row_group_size: int = 1 << 20,
-                 label: str | None = None, final: bool = True) -> None:
+                 label: str | None = None, final: bool = True, part_rank: int | None = None) -> None:
         """``label``: the file errors name (default ``path``), e.g. the output a staging file becomes;
-        ``final``: False for a staging file (its close is not the command's commit, see :class:`atomic_path`)."""
+        ``final``: False for a staging file (its close is not the command's commit, see :class:`atomic_path`);
+        ``part_rank``: the file is rank ``part_rank``'s partition of a directory dataset (its footer says so
+        under :data:`PART_KEY`; the dataset's metadata is written once, by :func:`write_dataset_meta`)."""
+        self._part_rank = part_rank
         self._atomic = atomic_path(path, force=force, commit=final)
         self._label = label or str(path)
         self._tmp = self._atomic.__enter__()
@@ -471,7 +492,11 @@ class TraceWriter:
         try:
             if self._writer is None:
                 self._writer = pq.ParquetWriter(self._tmp, ARROW_SCHEMA, compression="zstd")
-            self._writer.add_key_value_metadata({META_KEY.decode(): json.dumps(meta, default=str)})
+            if self._part_rank is None:
+                self._writer.add_key_value_metadata({META_KEY.decode(): json.dumps(meta, default=str)})
+            else:
+                part = {"rank": self._part_rank, "schema_version": SCHEMA_VERSION}
+                self._writer.add_key_value_metadata({PART_KEY.decode(): json.dumps(part)})
             self._writer.close()
             self._atomic.__exit__(None, None, None)
         except OSError as e:
@@ -527,17 +552,25 @@ def check_input_file(p: Path) -> None:
 
 
 def read_metadata(path: str | os.PathLike[str]) -> TraceMeta:
-    """Run metadata from the footer; raises InputError for non-trace files or newer versions."""
+    """Run metadata from the footer of a ``trace.parquet``, or from ``_common_metadata`` of a directory
+    dataset; raises InputError for non-trace files, a dataset partition on its own, newer versions."""
     p = Path(path)
     if not p.exists():
         raise InputError(f"{p}: no such file; check the path")
+    if p.is_dir():
+        return _dataset_metadata(p)
     check_input_file(p)
     note_input(p)
     try:
         md = pq.read_metadata(p).metadata or {}
     except Exception as e:  # noqa: BLE001
         raise InputError(f"{p}: not a Parquet file ({type(e).__name__}); pass a trace.parquet written by tracekit") from None
-    raw = md.get(META_KEY)
+    if md.get(META_KEY) is None and PART_KEY in md:
+        raise InputError(f"{p}: is one partition of a tracekit dataset, not a trace; pass the dataset directory {p.parent.parent}")
+    return _parse_meta(p, md.get(META_KEY))
+
+
+def _parse_meta(p: Path, raw: bytes | None) -> TraceMeta:
     if raw is None:
         raise InputError(f"{p}: Parquet file without tracekit metadata; convert the source with `tracekit convert`")
     try:
@@ -552,6 +585,73 @@ def read_metadata(path: str | os.PathLike[str]) -> TraceMeta:
             f"{p}: schema_version {ver} is newer than this tracekit supports ({SCHEMA_VERSION}); upgrade tracekit"
         )
     return meta
+
+
+def is_dataset(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a directory dataset (a directory holding :data:`DATASET_META`)."""
+    return Path(path).is_dir() and (Path(path) / DATASET_META).is_file()
+
+
+def _dataset_metadata(p: Path) -> TraceMeta:
+    f = p / DATASET_META
+    if not f.is_file():
+        raise InputError(f"{p}: is a directory without {DATASET_META}, not a tracekit dataset; pass a trace.parquet file "
+                         "or a dataset directory written by `tracekit convert --layout dataset`")
+    note_input(p)
+    try:
+        md = pq.read_metadata(f).metadata or {}
+    except Exception as e:  # noqa: BLE001
+        raise InputError(f"{f}: not a Parquet footer ({type(e).__name__}); re-convert the source into a new dataset") from None
+    return _parse_meta(f, md.get(META_KEY))
+
+
+def dataset_parts(path: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+    """``(rank, file)`` of every partition file of a directory dataset, by rank (numerically) then part number.
+
+    Only ``rank=<r>/part-<k>.parquet`` counts: the temporary files of unfinished writes (``.part-0.parquet.*.tmp``)
+    and any other name are not parts."""
+    p = Path(path)
+    out: list[tuple[int, Path]] = []
+    try:
+        with os.scandir(p) as it:
+            dirs = sorted((int(m.group(1)), e.path) for e in it if e.is_dir() and (m := _RANK_DIR.match(e.name)))
+        for r, d in dirs:
+            with os.scandir(d) as it:
+                files = sorted((int(m.group(1)), e.path) for e in it if e.is_file() and (m := _PART_FILE.match(e.name)))
+            out += [(r, Path(f)) for _, f in files]
+    except OSError as e:
+        raise InputError(f"{p}: cannot read {os_reason(e, writing=False)}") from None
+    return out
+
+
+def _scan_dataset(p: Path, meta: Mapping[str, Any]) -> pl.LazyFrame:
+    """A lazy scan of every partition, rank from the directory names; every rank the metadata lists has its
+    partition (a rank that failed at convert time under ``--keep-going`` is listed in ``failed_ranks`` instead)."""
+    parts = dataset_parts(p)
+    have = {r for r, _ in parts}
+    failed = {int(f["rank"]) for f in meta.get("failed_ranks") or [] if isinstance(f, dict) and f.get("rank") is not None}
+    listed = [int(r["rank"]) for r in meta.get("ranks") or [] if isinstance(r, dict) and r.get("rank") is not None]
+    lost = [r for r in listed if r not in have and r not in failed]
+    if lost:
+        more = f" (and {len(lost) - 1} more rank(s))" if len(lost) > 1 else ""
+        raise InputError(f"{p}: rank {lost[0]} has no partition ({p / f'rank={lost[0]}'}/part-*.parquet){more}; "
+                         "the dataset is incomplete: re-convert it")
+    if not parts:
+        raise InputError(f"{p}: the dataset has no partitions (rank=N/part-*.parquet); re-convert the source")
+    for _, f in parts:
+        note_input(f)
+    return pl.scan_parquet([str(f) for _, f in parts], hive_partitioning=True, hive_schema={"rank": POLARS_SCHEMA["rank"]})
+
+
+def write_dataset_meta(root: str | os.PathLike[str], metadata: Mapping[str, Any]) -> None:
+    """Write a directory dataset's footer metadata (:data:`DATASET_META`: the schema and the ``tracekit`` JSON),
+    atomically."""
+    meta = _base_metadata()
+    meta.update(metadata)
+    meta["schema_version"] = SCHEMA_VERSION
+    schema = ARROW_SCHEMA.with_metadata({META_KEY.decode(): json.dumps(meta, default=str)})
+    with atomic_path(Path(root) / DATASET_META, force=True, commit=False) as tmp:
+        pq.write_metadata(schema, tmp)
 
 
 def _dtype_family(t: pl.DataType) -> str:
@@ -581,9 +681,10 @@ def first_line(e: BaseException, limit: int = 300) -> str:
 
 
 def scan_trace(path: str | os.PathLike[str]) -> pl.LazyFrame:
-    """Lazy scan with missing columns added as nulls (older files)."""
-    read_metadata(path)
-    lf = pl.scan_parquet(Path(path))
+    """Lazy scan of a ``trace.parquet`` or a directory dataset (rows by rank, then time), with missing columns
+    added as nulls (older files)."""
+    meta = read_metadata(path)
+    lf = _scan_dataset(Path(path), meta) if Path(path).is_dir() else pl.scan_parquet(Path(path))
     have = lf.collect_schema().names()
     absent = [n for n in REQUIRED_COLUMNS if n not in have]
     if absent:

@@ -19,7 +19,7 @@ from tracekit._errors import QualityLog, UsageError
 from tracekit.core._num import as_int
 
 __all__ = ["Window", "select_window", "observed_spans", "transient_end_ns", "gpu_ops", "device_ops", "device_op_expr",
-           "cpu_device_expr", "cpu_mode_ranks", "parse_time_range", "Overview", "trace_overview", "small_rows_expr", "SMALL_COLUMNS"]
+           "cpu_device_expr", "cpu_mode_ranks", "parse_time_range", "Overview", "trace_overview", "rank_overview", "overview_of", "span_bounds", "combine_bounds", "small_rows_expr", "SMALL_COLUMNS"]
 
 GPU = ["kernel", "memcpy", "memset"]
 #: row kinds that stand in for device work on a rank without GPU ops (docs/cpu_mode.md)
@@ -124,41 +124,33 @@ class Overview:
         return self.ranks.filter(pl.col("lo").is_not_null()).select("rank", "lo", "hi")
 
 
-def trace_overview(df: pl.DataFrame | pl.LazyFrame, *, small: bool = True, by_rank: bool = False) -> Overview:
-    """Lazy queries over ``df`` (a frame or a scan): per-rank aggregates, and the small rows.
-
-    ``by_rank``: one query per rank (a rank-sorted ``trace.parquet`` then reads one rank's
-    row groups at a time, so memory stays at one rank's few columns); otherwise one query
-    over everything (in-memory frames).
-    """
-    lf = df.lazy()
+def _rank_aggs() -> list[pl.Expr]:
     kind = pl.col("kind")
     gpu = kind.is_in(GPU)
     cpu = kind.is_in(CPU_DEVICE_KINDS) & pl.col("category").is_not_null()
     end = pl.col("ts_ns") + pl.col("dur_ns")
-    aggs = [
+    return [
         pl.len().alias("rows"), pl.col("ts_ns").min().alias("min_ts"), gpu.any().alias("has_gpu"), cpu.any().alias("has_cpu_dev"),
         pl.col("ts_ns").filter(gpu).min().alias("_glo"), end.filter(gpu).max().alias("_ghi"),
         pl.col("ts_ns").filter(cpu).min().alias("_clo"), end.filter(cpu).max().alias("_chi"),
     ]
+
+
+def _small_query(lf: pl.LazyFrame, schema: pl.Schema) -> pl.LazyFrame:
+    return lf.filter(small_rows_expr(schema)).select([c for c in SMALL_COLUMNS if c in schema])
+
+
+def rank_overview(lf: pl.LazyFrame, rank: int, *, small: bool = True) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """One rank's part of :func:`trace_overview` (``lf``: the whole scan, filtered here): its aggregate row and its
+    small rows. :func:`overview_of` of every rank's parts, in rank order, is ``trace_overview(lf, by_rank=True)``."""
     schema = lf.collect_schema()
-    small_q = (lambda q: q.filter(small_rows_expr(schema)).select([c for c in SMALL_COLUMNS if c in schema])) if small else None
-    rows = pl.DataFrame()
-    if by_rank:
-        present = sorted(int(r) for r in lf.select(pl.col("rank").unique()).collect(engine="streaming")["rank"].to_list())
-        per, parts = [], []
-        for r in present:
-            one = lf.filter(pl.col("rank") == r)
-            per.append(one.select(pl.lit(r, dtype=schema["rank"]).alias("rank"), *aggs).collect())
-            if small_q is not None:
-                parts.append(small_q(one).collect())
-        agg = pl.concat(per) if per else lf.group_by("rank").agg(aggs).collect()
-        if small_q is not None:
-            rows = pl.concat(parts) if parts else small_q(lf).collect()
-    else:
-        agg = lf.group_by("rank").agg(aggs).collect()
-        if small_q is not None:
-            rows = small_q(lf).collect()
+    one = lf.filter(pl.col("rank") == rank)
+    agg = one.select(pl.lit(rank, dtype=schema["rank"]).alias("rank"), *_rank_aggs()).collect()
+    return agg, (_small_query(one, schema).collect() if small else pl.DataFrame())
+
+
+def overview_of(agg: pl.DataFrame, rows: pl.DataFrame) -> Overview:
+    """The :class:`Overview` from the per-rank aggregate rows and the small rows."""
     cpu_mode = pl.col("has_cpu_dev") & ~pl.col("has_gpu")
     ranks = agg.with_columns(
         pl.when(pl.col("has_gpu")).then(pl.col("_glo")).when(cpu_mode).then(pl.col("_clo")).alias("lo"),
@@ -166,6 +158,30 @@ def trace_overview(df: pl.DataFrame | pl.LazyFrame, *, small: bool = True, by_ra
     ).drop(["_glo", "_ghi", "_clo", "_chi"]).sort("rank")
     cpu_ranks = sorted(int(r) for r in ranks.filter(cpu_mode)["rank"].to_list())
     return Overview(ranks, rows, cpu_ranks)
+
+
+def trace_overview(df: pl.DataFrame | pl.LazyFrame, *, small: bool = True, by_rank: bool = False) -> Overview:
+    """Lazy queries over ``df`` (a frame or a scan): per-rank aggregates, and the small rows.
+
+    ``by_rank``: one query per rank (:func:`rank_overview`: a rank-sorted ``trace.parquet`` then reads one rank's
+    row groups at a time, so memory stays at one rank's few columns); otherwise one query
+    over everything (in-memory frames).
+    """
+    lf = df.lazy()
+    aggs = _rank_aggs()
+    schema = lf.collect_schema()
+    rows = pl.DataFrame()
+    if by_rank:
+        present = sorted(int(r) for r in lf.select(pl.col("rank").unique()).collect(engine="streaming")["rank"].to_list())
+        parts = [rank_overview(lf, r, small=small) for r in present]
+        agg = pl.concat([a for a, _ in parts]) if parts else lf.group_by("rank").agg(aggs).collect()
+        if small:
+            rows = pl.concat([x for _, x in parts]) if parts else _small_query(lf, schema).collect()
+    else:
+        agg = lf.group_by("rank").agg(aggs).collect()
+        if small:
+            rows = _small_query(lf, schema).collect()
+    return overview_of(agg, rows)
 
 
 @dataclass(frozen=True)
@@ -232,26 +248,44 @@ def transient_end_ns(df: pl.DataFrame | pl.LazyFrame, *, overview: "Overview | N
     return as_int(firsts["end"].max())
 
 
-def observed_spans(
-    df: pl.DataFrame | pl.LazyFrame, profiler_windows: list[list[int]] | None, *, cpu_ranks: list[int] | None = None
-) -> tuple[tuple[int, int], ...] | None:
-    """Profiler windows of a windowed capture, each extended to the end of the GPU ops launched inside it.
-
-    None when the capture had at most one window (then the extent of GPU ops is the window).
-    One lazy aggregation over the device ops (``df`` may be a lazy scan).
-    """
-    if not profiler_windows or len(profiler_windows) < 2:
-        return None
-    lf = df.lazy()
-    if cpu_ranks is None:
-        cpu_ranks = trace_overview(lf, small=False).cpu_ranks
+def span_bounds(df: pl.DataFrame | pl.LazyFrame, profiler_windows: list[list[int]], *,
+                cpu_ranks: list[int] | None) -> pl.DataFrame:
+    """What :func:`observed_spans` reads of the trace: one row, per profiler window ``i``, ``e{i}`` (last end of a
+    device op launched inside it) and ``s{i}`` (first start of a device op running into it). Per-rank rows combine
+    exactly (:func:`combine_bounds`: max of ``e``, min of ``s``), so a rank's row can be computed where the rank lies."""
     wins = sorted((int(x[0]), int(x[1])) for x in profiler_windows)
     launch, end = pl.coalesce("launch_ts_ns", "ts_ns"), pl.col("ts_ns") + pl.col("dur_ns")
     aggs = []
     for i, (a, b) in enumerate(wins):
         aggs.append(end.filter((launch >= a) & (launch <= b)).max().alias(f"e{i}"))
         aggs.append(pl.col("ts_ns").filter((end > a) & (pl.col("ts_ns") < a)).min().alias(f"s{i}"))
-    row = lf.filter(device_op_expr(cpu_ranks)).select(aggs).collect(engine="streaming").row(0)  # one pass, bounded memory on a scan
+    return df.lazy().filter(device_op_expr(cpu_ranks)).select(aggs).collect(engine="streaming")  # one pass, bounded memory on a scan
+
+
+def combine_bounds(rows: list[pl.DataFrame]) -> pl.DataFrame:
+    """Per-rank :func:`span_bounds` rows as the one row of the whole trace."""
+    both = pl.concat(rows)
+    return both.select([pl.col(c).max() if c.startswith("e") else pl.col(c).min() for c in both.columns])
+
+
+def observed_spans(
+    df: pl.DataFrame | pl.LazyFrame, profiler_windows: list[list[int]] | None, *, cpu_ranks: list[int] | None = None,
+    bounds: pl.DataFrame | None = None,
+) -> tuple[tuple[int, int], ...] | None:
+    """Profiler windows of a windowed capture, each extended to the end of the GPU ops launched inside it.
+
+    None when the capture had at most one window (then the extent of GPU ops is the window).
+    One lazy aggregation over the device ops (``df`` may be a lazy scan), or none when ``bounds``
+    (:func:`span_bounds` of the whole trace) is given.
+    """
+    if not profiler_windows or len(profiler_windows) < 2:
+        return None
+    if bounds is None:
+        if cpu_ranks is None:
+            cpu_ranks = trace_overview(df.lazy(), small=False).cpu_ranks
+        bounds = span_bounds(df, profiler_windows, cpu_ranks=cpu_ranks)
+    wins = sorted((int(x[0]), int(x[1])) for x in profiler_windows)
+    row = bounds.row(0)
     spans = []
     for i, (a, b) in enumerate(wins):
         e, s0 = row[2 * i], row[2 * i + 1]
@@ -275,12 +309,14 @@ def select_window(
     min_skew_ns: int = 1_000_000,
     profiler_windows: list[list[int]] | None = None,
     overview: "Overview | None" = None,
+    bounds: pl.DataFrame | None = None,
 ) -> Window:
     """Decide the analysis window (see :func:`_select`); ``df`` may be a frame or a lazy scan.
 
     Everything is decided from small inputs: the :class:`Overview` (per-rank extents of
     device ops, communication and step rows; computed here when not given) plus, for
-    ``skip_steps`` and profiler windows, one lazy aggregation each over ``df``.
+    profiler windows, one lazy aggregation over ``df`` unless ``bounds`` (:func:`span_bounds` of the
+    whole trace, e.g. combined from per-rank rows) is given.
     """
     lf = df.lazy()
     ov = overview
@@ -288,7 +324,7 @@ def select_window(
         ov = trace_overview(lf)
     w = _select(lf, ov, time_range=time_range, skip_steps=skip_steps, trim_transient=trim_transient, quality=quality,
                 min_skew_ns=min_skew_ns)
-    spans = observed_spans(lf, profiler_windows, cpu_ranks=ov.cpu_ranks if ov is not None else None)
+    spans = observed_spans(lf, profiler_windows, cpu_ranks=ov.cpu_ranks if ov is not None else None, bounds=bounds)
     if spans:
         q = quality if quality is not None else QualityLog()
         q.add("profiler_windows", f"windowed capture: analyzing the {len(spans)} profiler windows only "

@@ -21,7 +21,7 @@ import shutil
 import tempfile
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -31,10 +31,11 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from tracekit import _interrupt
-from tracekit._errors import InputError, OutputError, QualityLog, TracekitError, os_reason
+from tracekit._errors import InputError, OutputError, QualityLog, TracekitError, UsageError, os_reason
 from tracekit._memory import release_memory, tune_runtime
 from tracekit.categories import RuleSet, load_rules
 from tracekit.ingest.common import finalize_rank, ts_order
+from tracekit.ingest.dataset import DatasetBuild, check_dataset_output
 from tracekit.ingest.discover import Source, discover
 from tracekit.ingest.validate import MIXED_CAPTURE_NS as _MIXED_NS
 from tracekit.ingest.staging import make_part_dir, remove_stale_parts
@@ -355,8 +356,18 @@ def convert(
     on_progress: Callable[[int, int, str], None] | None = None,
     align: bool = True,
     steps_from: str | None = None,
+    layout: str = "file",
+    executor: Executor | None = None,
+    keep_going: bool = False,
 ) -> ConvertResult:
     """Convert one capture's sources into ``out`` (see module docstring).
+
+    ``layout``: ``"file"`` (one ``trace.parquet``) or ``"dataset"`` (a directory hive-partitioned by rank,
+    :mod:`tracekit.ingest.dataset`). ``executor``: runs the per-source tasks (and the dataset's per-rank
+    rewrites) instead of this process or a ``--jobs`` pool, e.g. a Dask client's (``tracekit.cluster``); its
+    workers must reach the sources and the output's directory. ``keep_going``: a source that fails is
+    flagged (``rank_failed``, ``failed_ranks`` in the metadata) and the others are converted; otherwise its
+    error, naming the rank, stops the conversion.
 
     ``rules``: a rules file path (extends the defaults). ``extra_frames``:
     schema rows from the capture (step records, counters, markers) merged by
@@ -381,8 +392,10 @@ def convert(
     if rules_path:
         note_input(rules_path)
     in_bytes = sum(s.path.stat().st_size if s.path.is_file() else sum(f.stat().st_size for f in s.path.iterdir()) for s in sources)
+    if layout not in ("file", "dataset"):
+        raise UsageError(f"--layout {layout!r}: must be file or dataset")
     # refuse early (before the work) when the output exists, is an input, a device/FIFO/directory, or cannot be written
-    check_output_path(out, force=force)
+    check_dataset_output(out, force=force) if layout == "dataset" else check_output_path(out, force=force)
     quality = QualityLog()
     out_dir = str(out.parent if str(out.parent) else ".")
     remove_stale_parts(out_dir)  # left by killed conversions (tracekit.ingest.staging)
@@ -391,6 +404,8 @@ def convert(
         e is not None and e.height for e in extra_frames
     ) else None
     stager: _Stager | None = None
+    build: DatasetBuild | None = None
+    failed: list[dict[str, Any]] = []
     part_dir: str | None = None
     try:
         try:
@@ -401,29 +416,12 @@ def convert(
         n = len(sources)
         jobs = jobs or 1
         prog = _Progress(progress, n, on_progress)
-        if jobs > 1 and n > 1 and in_bytes >= _PARALLEL_MIN_BYTES:
-            import multiprocessing as mp
-
-            from tracekit.ingest._workers import init_worker, worker_threads
-
-            # each worker gets its share of the cores (set before the worker imports polars)
-            ex = ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"),
-                                     initializer=init_worker, initargs=(worker_threads(jobs),))
-            try:
-                with _interrupt.blocked():  # the workers start with SIGINT blocked (the parent handles Ctrl-C)
-                    futs = {ex.submit(convert_source, s, rules_path, part_dir, str(out), steps_from): s for s in sources}
-                for f in _as_completed(futs):
-                    try:
-                        metas.extend(f.result())
-                    except TracekitError:
-                        raise
-                    except Exception as e:  # noqa: BLE001
-                        raise InputError(f"{futs[f].path}: conversion failed ({type(e).__name__}: {e})") from None
-                    prog.step(str(futs[f].path.name))
-            except BaseException:
-                _stop_pool(ex)  # Ctrl-C / an error: do not wait for the other ranks' workers
-                raise
-            ex.shutdown(wait=True)
+        parallel = jobs > 1 and n > 1 and in_bytes >= _PARALLEL_MIN_BYTES
+        if layout == "dataset":
+            build = DatasetBuild(out, part_dir)
+        if build is not None or executor is not None or parallel:
+            metas = _run_sources(executor, jobs if parallel else 1, sources, build, (rules_path, part_dir, str(out), steps_from),
+                                 prog, keep_going, failed)
         else:
             # one rank at a time, in rank order, written in the output format on a thread while the next
             # rank is read; the staged file becomes the output unless a second pass is needed (see below)
@@ -432,13 +430,14 @@ def convert(
             stager = _Stager(os.path.join(part_dir, "stage.parquet"), part_dir, str(out), rules_set, extra, merge_extra=not windows)
             for s in sorted(sources, key=lambda s: (s.rank_hint is None, s.rank_hint or 0, s.window or 0)):
                 _interrupt.check("rank")
-                for hand, meta_r in _raw_ranks(s):
+                for hand, meta_r in _ranks_or_failure(s, keep_going, failed, n > 1):
                     _interrupt.check("rank")
                     stager.submit(hand, meta_r, single_source=n == 1)
                 prog.step(s.path.name)
             stager.wait_summary()  # the last rank's rows are still being written while clocks are aligned
             metas = stager.metas
         prog.close()
+        _note_failures(failed, metas, quality)
         _check_empty(metas, quality)
         _resolve_ranks(metas, quality)
         _check_same_capture(metas)
@@ -465,6 +464,8 @@ def convert(
         }
         if steps_from is not None:
             meta["steps_from"] = steps_from
+        if failed:
+            meta["failed_ranks"] = failed
         for k, v in (metadata or {}).items():
             if k == "quality":
                 continue
@@ -473,20 +474,29 @@ def convert(
         caller_codes = {q.get("code") for q in caller_q if isinstance(q, dict)}
         orphan = extra.filter(~pl.col("rank").is_in(ranks)).sort(["rank", "ts_ns"]) if extra is not None else None
 
+        def final_meta(first: int | None, last: int | None) -> None:
+            meta["window_ns"] = [first, last]
+            # the capture knows more about missing ranks than the file count does: keep its flag only
+            meta["quality"] = [q.to_json() for q in quality if not (q.code == "missing_ranks" and "missing_ranks" in caller_codes)] + caller_q
+
         def finish(w: TraceWriter, rows: int, first: int | None, last: int | None) -> int:
             """Capture rows of ranks the trace lacks, then the footer metadata; returns the rows written."""
             if orphan is not None and orphan.height:
                 w.write(orphan)
                 rows += orphan.height
-            meta["window_ns"] = [first, last]
-            # the capture knows more about missing ranks than the file count does: keep its flag only
-            meta["quality"] = [q.to_json() for q in quality if not (q.code == "missing_ranks" and "missing_ranks" in caller_codes)] + caller_q
+            final_meta(first, last)
             w.close(meta)
             return rows
 
         if stager is not None:
             stager.wait()
-        if stager is not None and _staged_as_is(metas, offsets, stager.merge_extra):
+        if build is not None:
+            rows = _finish_dataset(build, metas, ranks, offsets, extra, orphan, executor)
+            final_meta(*rows[1:])
+            _interrupt.check("publish")  # the last point a Ctrl-C stops the command: the rename commits it
+            build.publish(meta, force)
+            rows = rows[0]
+        elif stager is not None and _staged_as_is(metas, offsets, stager.merge_extra):
             # the staged file is the output: ranks in order, one part each, no clock offset to apply
             lo = [m["written_lo"] for m in metas if m["written_lo"] is not None]
             hi = [m["written_hi"] for m in metas if m["written_hi"] is not None]
@@ -524,6 +534,127 @@ def convert(
             if part_dir is not None:
                 shutil.rmtree(part_dir, ignore_errors=True)
     return ConvertResult(out, ranks, rows, time.perf_counter() - t0, in_bytes, meta, meta["quality"])
+
+
+def _finish_dataset(build: DatasetBuild, metas: list[dict[str, Any]], ranks: list[int], offsets: dict[int, int],
+                    extra: pl.DataFrame | None, orphan: pl.DataFrame | None, executor: Executor | None) -> tuple[int, int | None, int | None]:
+    """Every rank's partition and the capture rows of ranks the trace lacks (:meth:`DatasetBuild.commit`)."""
+    def extra_of(r: int) -> pl.DataFrame | None:
+        ex = extra.filter(pl.col("rank") == r) if extra is not None else None
+        return ex if ex is not None and ex.height else None
+
+    rows, first, last = build.commit(metas, ranks, offsets, extra_of, executor.submit if executor is not None else None)
+    if orphan is not None and orphan.height:
+        rows += build.write_orphans(orphan)
+    return rows, first, last
+
+
+def _run_sources(executor: Executor | None, jobs: int, sources: list[Source], build: DatasetBuild | None,
+                 args: tuple[str | None, str, str, str | None], prog: "_Progress", keep_going: bool,
+                 failed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each source as a task (:func:`tracekit.ingest.dataset.stage_source` for a dataset, else :func:`convert_source`):
+    on ``executor``, else a pool of ``jobs`` worker processes, else here one after the other. Returns the ranks'
+    metadata; a failure stops everything (its error names the rank) or, with ``keep_going``, goes to ``failed``."""
+    from tracekit.ingest.dataset import stage_source
+
+    rules_path, part_dir, label, steps_from = args
+    order = sorted(sources, key=lambda s: (s.rank_hint is None, s.rank_hint or 0, s.window or 0))
+
+    def task(i: int, s: Source) -> tuple[Any, ...]:
+        if build is not None:
+            return (stage_source, s, rules_path, steps_from, build.staged(i), label, len(sources) == 1)
+        return (convert_source, s, rules_path, part_dir, label, steps_from)
+
+    metas: list[dict[str, Any]] = []
+    if executor is None and jobs <= 1:
+        for i, s in enumerate(order):
+            _interrupt.check("rank")
+            try:
+                fn, *a = task(i, s)
+                metas.extend(fn(*a))
+            except Exception as e:  # noqa: BLE001 - named and re-raised (or kept, --keep-going) by _failure
+                failed.append(_failure(s, e, keep_going, len(order) > 1))
+            prog.step(s.path.name)
+        return metas
+    own = _process_pool(jobs) if executor is None else None
+    ex = own if own is not None else executor
+    assert ex is not None
+    try:
+        with _interrupt.blocked():  # worker processes start with SIGINT blocked (the parent handles Ctrl-C)
+            futs = {ex.submit(*task(i, s)): (i, s) for i, s in enumerate(order)}
+        got: dict[int, list[dict[str, Any]]] = {}
+        for f in _as_completed(futs):
+            i, s = futs[f]
+            try:
+                got[i] = f.result()
+            except Exception as e:  # noqa: BLE001
+                failed.append(_failure(s, e, keep_going, len(order) > 1))
+            prog.step(str(s.path.name))
+        metas = [m for i in sorted(got) for m in got[i]]  # in source order, whatever order the tasks ended in
+        failed.sort(key=lambda f: (f["rank"] is None, f["rank"] or 0, f["source_file"]))
+    except BaseException:
+        if own is not None:
+            _stop_pool(own)  # Ctrl-C / an error: do not wait for the other ranks' workers
+        else:
+            for f in futs if "futs" in locals() else ():
+                f.cancel()
+        raise
+    if own is not None:
+        own.shutdown(wait=True)
+    return metas
+
+
+def _process_pool(jobs: int) -> ProcessPoolExecutor:
+    import multiprocessing as mp
+
+    from tracekit.ingest._workers import init_worker, worker_threads
+
+    # each worker gets its share of the cores (set before the worker imports polars)
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"), initializer=init_worker,
+                               initargs=(worker_threads(jobs),))
+
+
+def _failure(src: Source, e: BaseException, keep_going: bool, many: bool = True) -> dict[str, Any]:
+    """A source that failed: raised as a one-line error naming its rank (``many``: among several sources), or
+    (``keep_going``) returned as the record kept in ``failed_ranks``."""
+    from tracekit.schema import first_line
+
+    if _interrupt.is_interrupt(e):
+        raise e
+    msg = str(e) if isinstance(e, TracekitError) else f"{src.path}: conversion failed ({first_line(e)})"
+    r = src.rank_hint
+    where = f"rank {r}" if r is not None else f"{src.path.name}"
+    if not keep_going:
+        named = msg if (r is None or not many or f"rank {r}" in msg) else f"{where}: {msg}"
+        if isinstance(e, TracekitError):
+            raise type(e)(named) from None
+        raise InputError(named) from None
+    return {"rank": r, "source_file": str(src.path), "error": msg}
+
+
+def _ranks_or_failure(src: Source, keep_going: bool, failed: list[dict[str, Any]],
+                      many: bool) -> Iterator[tuple[list[pl.DataFrame], dict[str, Any]]]:
+    """:func:`_raw_ranks` of ``src``; a read that fails is named by :func:`_failure` (kept under ``keep_going``)."""
+    it = _raw_ranks(src)
+    while True:
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        except Exception as e:  # noqa: BLE001
+            failed.append(_failure(src, e, keep_going, many))
+            return
+        yield item
+
+
+def _note_failures(failed: list[dict[str, Any]], metas: list[dict[str, Any]], quality: QualityLog) -> None:
+    """Sources that failed under ``--keep-going``: one ``rank_failed`` flag each; all of them failed: the first error."""
+    if failed and not metas:
+        raise InputError(f"{failed[0]['error']} (every source failed)")
+    for f in failed:
+        where = f"rank {f['rank']}" if f["rank"] is not None else Path(f["source_file"]).name
+        quality.add("rank_failed", f"{where} was not converted ({f['error']}); results cover the other ranks",
+                    severity="error", rank=f["rank"])
 
 
 def _as_completed(futs: dict[Any, Any]) -> Iterator[Any]:
