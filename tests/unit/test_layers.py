@@ -33,6 +33,7 @@ LAYER_OF = {
     "tracekit.compare": "compare",
     "tracekit.advice": "advice",
     "tracekit.api": "api",
+    "tracekit.cluster": "cluster",
     "tracekit.report": "report",
     "tracekit.commands": "commands",
     "tracekit.cli": "cli",
@@ -55,7 +56,8 @@ BELOW: dict[str, tuple[str, ...]] = {
     "advice": ("replay",),
     "api": ("ingest", "advice"),
     "report": ("compare", "replay"),
-    "commands": ("api", "report", "capture"),
+    "cluster": ("api",),  # per-rank tasks on Dask: drives convert and the analysis stages
+    "commands": ("api", "report", "capture", "cluster"),
     "cli": ("commands",),
 }
 

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 __all__ = ["Target", "parse_address", "cluster_client", "CONNECT_S", "WORKERS_S", "MAX_LOCAL_WORKERS", "require_dask"]
 
 #: seconds to reach a scheduler before giving up (the whole command then ends well within 10 s)
-CONNECT_S = 5.0
+CONNECT_S = 3.0
 #: seconds to wait for a scheduler's first worker
 WORKERS_S = 10.0
 #: at most this many local workers (``local:N``)

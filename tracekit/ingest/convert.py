@@ -43,7 +43,7 @@ from tracekit.ingest.rankwrite import COLL_KEY, COMM, PART_ROWS, emit_frame, wri
 from tracekit.schema import ARROW_SCHEMA, DICT_COLUMNS, MAX_RANK, TraceWriter, check_output_path, conform, note_input, to_arrow
 from tracekit.steplabels import compile_steps_from
 
-__all__ = ["convert", "ConvertResult", "convert_source"]
+__all__ = ["convert", "ConvertResult", "convert_source", "stage_source"]
 
 _PARALLEL_MIN_BYTES = 32 << 20
 
@@ -139,6 +139,34 @@ def convert_source(src: Source, rules_path: str | None, part_dir: str, out_label
         os.close(fd)
         _write_part(df, part, out_label)
         meta_r.update(part=part, **_part_summary(df, part + ".comm.parquet", out_label))
+        out.append(meta_r)
+        del df
+        release_memory()
+    return out
+
+
+def stage_source(src: Source, rules_path: str | None, steps_from: str | None, staged: str, out_label: str,
+                 single_source: bool) -> list[dict[str, Any]]:
+    """Task: read + finalize one source; write each rank it holds to ``<staged>-<k>.parquet`` (final format).
+
+    Returns small metadata only, one dict per rank (as :func:`tracekit.ingest.convert.convert_source`, plus
+    ``written_rank``, ``written_rows``, ``written_lo``/``written_hi``: what the staged file holds)."""
+    tune_runtime()
+    rules = dataclasses.replace(load_rules(rules_path), steps_from=steps_from)
+    out = []
+    for k, (hand, meta_r) in enumerate(_raw_ranks(src)):
+        df = _finish_rank(hand, meta_r, rules)
+        r = meta_r["rank"] if meta_r["rank"] != -1 or not single_source else 0
+        part = f"{staged}-{k}.parquet"
+        w = TraceWriter(part, force=True, label=out_label, final=False, part_rank=max(r, 0))
+        try:
+            rows, lo, hi = emit_frame(w, r, df, None)
+            w.close()
+        except BaseException:
+            w.abort()
+            raise
+        meta_r.update(part=part, written_rank=r, written_rows=rows, written_lo=lo, written_hi=hi,
+                      **_part_summary(df, part + ".comm.parquet", out_label))
         out.append(meta_r)
         del df
         release_memory()
@@ -555,8 +583,6 @@ def _run_sources(executor: Executor | None, jobs: int, sources: list[Source], bu
     """Each source as a task (:func:`tracekit.ingest.dataset.stage_source` for a dataset, else :func:`convert_source`):
     on ``executor``, else a pool of ``jobs`` worker processes, else here one after the other. Returns the ranks'
     metadata; a failure stops everything (its error names the rank) or, with ``keep_going``, goes to ``failed``."""
-    from tracekit.ingest.dataset import stage_source
-
     rules_path, part_dir, label, steps_from = args
     order = sorted(sources, key=lambda s: (s.rank_hint is None, s.rank_hint or 0, s.window or 0))
 

@@ -5,7 +5,7 @@ Layout: ``<out>/rank=<r>/part-0.parquet`` plus ``<out>/_common_metadata`` (:mod:
 How it is built (:class:`DatasetBuild`), inside convert's part directory beside the output (same
 filesystem, so every step below is a rename):
 
-1. **stage** (:func:`stage_source`, a task: in-process, a worker process or a cluster worker): read and
+1. **stage** (:func:`tracekit.ingest.convert.stage_source`, a task: in-process, a worker process or a cluster worker): read and
    finalize one source and write each rank it holds, sorted by time, in the final format, to a staged
    file named after the source (a temporary name renamed into place when complete). A task that fails
    or is killed leaves at most a temporary file in the part directory, never a partition;
@@ -29,10 +29,9 @@ from typing import Any, Callable, Mapping, Sequence
 import polars as pl
 
 from tracekit._errors import OutputError, os_reason
-from tracekit.ingest.discover import Source
 from tracekit.schema import TraceWriter, is_dataset, write_dataset_meta
 
-__all__ = ["DatasetBuild", "stage_source", "rewrite_rank", "check_dataset_output"]
+__all__ = ["DatasetBuild", "rewrite_rank", "check_dataset_output"]
 
 
 def check_dataset_output(out: Path, *, force: bool) -> None:
@@ -48,39 +47,6 @@ def check_dataset_output(out: Path, *, force: bool) -> None:
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.is_dir():
         raise OutputError(f"{out}: directory {parent} does not exist; create it first")
-
-
-def stage_source(src: Source, rules_path: str | None, steps_from: str | None, staged: str, out_label: str,
-                 single_source: bool) -> list[dict[str, Any]]:
-    """Task: read + finalize one source; write each rank it holds to ``<staged>-<k>.parquet`` (final format).
-
-    Returns small metadata only, one dict per rank (as :func:`tracekit.ingest.convert.convert_source`, plus
-    ``written_rank``, ``written_rows``, ``written_lo``/``written_hi``: what the staged file holds)."""
-    from tracekit._memory import release_memory, tune_runtime
-    from tracekit.categories import load_rules
-    from tracekit.ingest.convert import _finish_rank, _part_summary, _raw_ranks
-    from tracekit.ingest.rankwrite import emit_frame
-
-    tune_runtime()
-    rules = dataclasses.replace(load_rules(rules_path), steps_from=steps_from)
-    out = []
-    for k, (hand, meta_r) in enumerate(_raw_ranks(src)):
-        df = _finish_rank(hand, meta_r, rules)
-        r = meta_r["rank"] if meta_r["rank"] != -1 or not single_source else 0
-        part = f"{staged}-{k}.parquet"
-        w = TraceWriter(part, force=True, label=out_label, final=False, part_rank=max(r, 0))
-        try:
-            rows, lo, hi = emit_frame(w, r, df, None)
-            w.close()
-        except BaseException:
-            w.abort()
-            raise
-        meta_r.update(part=part, written_rank=r, written_rows=rows, written_lo=lo, written_hi=hi,
-                      **_part_summary(df, part + ".comm.parquet", out_label))
-        out.append(meta_r)
-        del df
-        release_memory()
-    return out
 
 
 def rewrite_rank(dest: str, r: int, parts: list[dict[str, Any]], offset: int, extra: pl.DataFrame | None,
