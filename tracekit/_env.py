@@ -17,6 +17,7 @@ exception: the capture's ``_boot/sitecustomize.py`` reads ``TRACEKIT_PKG_PARENT`
 | ``TRACEKIT_CAPTURE_DIR`` / ``TRACEKIT_CAPTURE_SPEC`` | capture.program_hook | capture output dir / JSON spec |
 | ``TRACEKIT_PKG_PARENT`` | capture/_boot/sitecustomize (set by capture.external) | where the target process finds tracekit |
 | ``TRACEKIT_TEST_SIGINT_AT`` | _interrupt | fault injection for the tests: ``<label>[:<n>]`` sends this process SIGINT at the n-th interrupt check of that label |
+| ``TRACEKIT_TEST_KILL_RANK`` | cluster.analyze | fault injection for the tests: ``<rank>:<marker file>`` kills (SIGKILL) the Dask worker analyzing that rank once (the marker records it), ``<rank>:always`` every time |
 | ``TRACEKIT_MODULE_CONTEXT`` | capture.program_hook (set by ``capture --module-context``) | ``1``: add ``tk.mod[...]`` ranges around MoE/expert/router/attention modules |
 | ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` | capture.program_hook, capture.sglang_plugin | the launcher's rank of the target process |
 | ``CUDA_VISIBLE_DEVICES`` | capture.program_hook, capture.telemetry | the GPUs a process sees |
@@ -29,7 +30,7 @@ from __future__ import annotations
 import os
 
 __all__ = ["DEBUG", "PARSE_THREADS", "POLARS_MAX_THREADS", "ARROW_DECAY_MS", "JEMALLOC_CONF", "SGLANG_HOOK", "STEP_DIR",
-           "CAPTURE_DIR", "CAPTURE_SPEC", "PKG_PARENT", "MODULE_CONTEXT", "TEST_SIGINT_AT", "RANK", "WORLD_SIZE",
+           "CAPTURE_DIR", "CAPTURE_SPEC", "PKG_PARENT", "MODULE_CONTEXT", "TEST_SIGINT_AT", "TEST_KILL_RANK", "RANK", "WORLD_SIZE",
            "LOCAL_RANK", "CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "MASTER_ADDR", "PYTHONPATH",
            "debug", "get", "is_set", "flag", "int_value", "positive_int", "set_default", "environ"]
 
@@ -45,6 +46,7 @@ CAPTURE_SPEC = "TRACEKIT_CAPTURE_SPEC"
 PKG_PARENT = "TRACEKIT_PKG_PARENT"
 MODULE_CONTEXT = "TRACEKIT_MODULE_CONTEXT"
 TEST_SIGINT_AT = "TRACEKIT_TEST_SIGINT_AT"
+TEST_KILL_RANK = "TRACEKIT_TEST_KILL_RANK"
 RANK = "RANK"
 WORLD_SIZE = "WORLD_SIZE"
 LOCAL_RANK = "LOCAL_RANK"

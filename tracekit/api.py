@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import polars as pl
 
 from tracekit.advice.nextwin import next_win_stage
-from tracekit.analysis.stage.pipeline import ANALYSIS_VERSION, FrameSource, ScanSource, ranks_filter, run_analysis
+from tracekit.analysis.stage.pipeline import ANALYSIS_VERSION, FrameSource, RankRunner, ScanSource, ranks_filter, run_analysis
 from tracekit.analysis.result import AnalysisResult
 from tracekit.ingest.convert import ConvertResult, convert
 from tracekit.schema import read_metadata, scan_trace
@@ -55,8 +55,12 @@ def analyze_result(
     ranks: Sequence[int] | None = None,
     cross_rank: bool = True,
     steps_from: str | None = None,
+    runner: RankRunner | None = None,
 ) -> AnalysisResult:
-    """:func:`analyze` as the typed :class:`~tracekit.analysis.result.AnalysisResult` every view reads."""
+    """:func:`analyze` as the typed :class:`~tracekit.analysis.result.AnalysisResult` every view reads.
+
+    ``runner``: where the per-rank work runs (:class:`~tracekit.analysis.stage.pipeline.RankRunner`; default here,
+    one rank at a time; ``tracekit.cluster.analyze`` passes a Dask cluster's)."""
     meta = read_metadata(path)
     lf = ranks_filter(scan_trace(path), ranks)
     source: FrameSource | ScanSource = ScanSource(path, lf)
@@ -67,7 +71,7 @@ def analyze_result(
         source = FrameSource(resteps(lf.collect(), compile_steps_from(steps_from) or steps_from))
         meta = {**meta, "steps_from": steps_from}
     res = run_analysis(source, meta, window=window, skip_steps=skip_steps, trim_transient=trim_transient, top=top,
-                       cross_rank=cross_rank, after=(next_win_stage,))
+                       cross_rank=cross_rank, after=(next_win_stage,), runner=runner)
     return res.with_trace(str(path))
 
 

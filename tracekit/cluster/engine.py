@@ -29,7 +29,7 @@ from tracekit._errors import ClusterError, UsageError
 if TYPE_CHECKING:
     from distributed import Client
 
-__all__ = ["Target", "parse_address", "cluster_client", "CONNECT_S", "WORKERS_S", "MAX_LOCAL_WORKERS", "require_dask"]
+__all__ = ["Target", "parse_address", "probe", "cluster_client", "CONNECT_S", "WORKERS_S", "MAX_LOCAL_WORKERS", "require_dask"]
 
 #: seconds to reach a scheduler before giving up (the whole command then ends well within 10 s)
 CONNECT_S = 3.0
@@ -69,6 +69,40 @@ def parse_address(text: str) -> Target:
     raise UsageError(f"--cluster {text!r}: not local:N, a scheduler address (tcp://HOST:PORT) or a scheduler file (*.json)")
 
 
+def _host_port(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a TCP-based scheduler address (None for other transports)."""
+    proto, sep, rest = address.rpartition("://")
+    if sep and proto not in ("tcp", "tls", "ws", "wss"):
+        return None
+    host, _, port = rest.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def probe(text: str) -> Target:
+    """Parse ``--cluster text`` and, for a scheduler address (or file), open and close one TCP connection to it
+    (at most :data:`CONNECT_S` s), before anything heavy is imported: an unreachable scheduler fails at once, in
+    one line (:class:`ClusterError`)."""
+    import json
+    import socket
+
+    target = parse_address(text)
+    addr = target.address
+    if target.scheduler_file is not None:
+        try:
+            addr = str(json.loads(Path(target.scheduler_file).read_text())["address"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ClusterError(f"--cluster {text}: not a readable scheduler file ({type(e).__name__}); pass the file "
+                               "`dask scheduler --scheduler-file` wrote") from None
+    hp = _host_port(addr) if addr is not None else None
+    if hp is not None:
+        try:
+            socket.create_connection(hp, timeout=CONNECT_S).close()
+        except OSError as e:
+            raise ClusterError(f"--cluster {text}: cannot reach the scheduler at {hp[0]}:{hp[1]} ({e.strerror or type(e).__name__}); "
+                               "check the address and that the scheduler is running") from None
+    return target
+
+
 def require_dask() -> None:
     """One-line error naming the extra when Dask distributed is not installed."""
     try:
@@ -89,6 +123,10 @@ def _start_local(target: Target, threads: int | None) -> Any:
     k = str(_local_threads(target.workers, threads))
     env = {_env.POLARS_MAX_THREADS: os.environ.get(_env.POLARS_MAX_THREADS, k),
            _env.PARSE_THREADS: os.environ.get(_env.PARSE_THREADS, k)}
+    import dask
+
+    # one task per worker thread at a time: a worker that dies is blamed on the task it ran, not on queued ones
+    dask.config.set({"distributed.scheduler.worker-saturation": 1.0})
     try:
         return LocalCluster(n_workers=target.workers, threads_per_worker=1, processes=True, host="127.0.0.1",  # type: ignore[no-untyped-call]
                             dashboard_address="127.0.0.1:0", worker_dashboard_address="127.0.0.1:0",

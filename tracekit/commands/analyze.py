@@ -30,8 +30,14 @@ def register(app: typer.Typer) -> None:
         width: Optional[int] = typer.Option(
             None, "--width", help="Report width in columns (default: the terminal's width; 80 in a pipe or file, or $COLUMNS)."),
         steps_from: Optional[str] = typer.Option(None, "--steps-from", help="Regex: CPU ranges whose name matches are the steps (named groups id, mode, bs, tok optional)."),
+        cluster: Optional[str] = typer.Option(None, "--cluster", help="Run the per-rank analyses as tasks of a Dask cluster: local:N (N workers on this host, bound to loopback) or a scheduler address (tcp://HOST:PORT) or file (*.json); the trace must be a path the workers can read. Same JSON as without it."),
+        keep_going: bool = typer.Option(False, "--keep-going", help="With --cluster: a rank that cannot be analyzed is left out and flagged (rank_failed) instead of stopping the analysis."),
     ) -> None:
         """Analyze a trace: exclusive time split per rank, top kernels, collectives, stalls, idle causes, PCIe, power, steps."""
+        if cluster is not None:  # an unreachable scheduler fails now, in one line, before the heavy imports
+            from tracekit.cluster.engine import probe
+
+            probe(cluster)
         from tracekit.api import analyze_result
 
         at_least("--skip-steps", skip_steps, 0)
@@ -43,8 +49,20 @@ def register(app: typer.Typer) -> None:
 
             note_input(trace)
             check_output_path(html, force=force)
-        result = analyze_result(trace, window=window, skip_steps=skip_steps, trim_transient=not no_trim, top=top,
-                                steps_from=steps_from)
+        opts = dict(window=window, skip_steps=skip_steps, trim_transient=not no_trim, top=top, steps_from=steps_from)
+        if cluster is None:
+            if keep_going:
+                from tracekit._errors import UsageError
+
+                raise UsageError("--keep-going needs --cluster (a local analysis stops at the first unreadable rank)")
+            result = analyze_result(trace, **opts)  # type: ignore[arg-type]
+        else:
+            from tracekit.cluster.analyze import analyze_cluster
+            from tracekit.cluster.engine import cluster_client
+
+            with cluster_client(cluster) as client:
+                result = analyze_cluster(client, trace, keep_going=keep_going, **opts)
+            result = result.with_trace(str(trace))
         _interrupt.check("analyze")
         res = result.to_json()
         if html is not None:

@@ -28,6 +28,10 @@ def register(app: typer.Typer) -> None:
         keep_going: bool = typer.Option(False, "--keep-going", help="A source that fails is flagged (rank_failed) and the other ranks are converted; the exit code is still non-zero."),
     ) -> None:
         """Convert torch.profiler/Kineto JSON (SGLang per-rank files included) or Nsight Systems exports into one trace.parquet."""
+        if cluster is not None:  # an unreachable scheduler fails now, in one line, before the heavy imports
+            from tracekit.cluster.engine import probe
+
+            probe(cluster)
         from tracekit.ingest.convert import convert
 
         at_least("--jobs", jobs, 1)

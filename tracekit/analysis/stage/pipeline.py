@@ -36,13 +36,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence, cast
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence, cast
 
 import msgspec
 import polars as pl
 
 from tracekit import _interrupt
-from tracekit._errors import InputError, QualityLog, UsageError
+from tracekit._errors import InputError, QualityLog, TracekitError, UsageError
 from tracekit.analysis.passes.breakdown import (breakdown_finish, compute_breakdown, kernel_totals, merge_kernel_totals, top_kernels,
                                          uncategorized_top)
 from tracekit.analysis.findings import Finding, basic_candidates, rank_findings
@@ -55,7 +55,7 @@ from tracekit.schema import TraceMeta, first_line
 from tracekit.core.window import Overview, Window, parse_time_range, select_window, trace_overview
 
 __all__ = ["analysis_columns", "analysis_rows_expr", "FrameSource", "ScanSource", "run_analysis", "ANALYSIS_VERSION",
-           "FinishedRun", "StageOutput", "AfterFinish", "collect_trace"]
+           "FinishedRun", "StageOutput", "AfterFinish", "collect_trace", "RankPart", "analyze_rank", "RankRunner", "LocalRunner"]
 
 #: Version of the analyze JSON object (bumped on incompatible changes): the typed tree's
 ANALYSIS_VERSION = SCHEMA_VERSION
@@ -232,6 +232,65 @@ class StageOutput:
 AfterFinish = Callable[[FinishedRun], StageOutput]
 
 
+@dataclass
+class RankPart:
+    """The small outputs of the per-rank map for the ranks of one frame (one rank, or a whole in-memory frame):
+    its breakdown part, its kernel totals and every registered analysis' part (None without the cross-rank pass)."""
+
+    breakdown: Any
+    totals: pl.DataFrame
+    cross: Any
+
+
+def analyze_rank(df: pl.DataFrame, ranks: list[int] | None, win: Window, plan: CrossRankPlan | None, split: bool,
+                 host: pl.DataFrame | None) -> RankPart:
+    """The per-rank map (step 4) on ``df``: one rank's projected rows (``ranks=[r]``; the result then owns its
+    memory, :func:`compact`) or a whole frame (``ranks=None``). Pure: it reads ``plan`` only for ``ranks``' rows
+    (so a plan narrowed to them gives the same part) and writes nothing; ``host``: the ranks' host activity."""
+    from tracekit.analysis.stage import crossrank
+
+    cp = plan.comm_parts(df, ranks) if plan is not None else None
+    part = RankPart(compute_breakdown(df, win, comm_parts=cp, split=split), kernel_totals(df, win),
+                    crossrank.cross_rank_part(df, plan, ranks=ranks, host=host) if plan is not None else None)
+    return compact(part) if ranks is not None else part  # keep nothing of the rank's frame alive (string views)
+
+
+class RankRunner(Protocol):
+    """Where the per-rank work of :func:`run_analysis` runs (:class:`LocalRunner`, or a cluster's)."""
+
+    def overview(self, source: "FrameSource | ScanSource",
+                 profiler_windows: list[list[int]] | None) -> tuple[Overview, pl.DataFrame | None]:
+        """The trace's :class:`Overview` and, optionally, its :func:`tracekit.core.window.span_bounds` row."""
+        ...
+
+    def map(self, source: "FrameSource | ScanSource", ranks: list[int], win: Window, plan: CrossRankPlan | None,
+            split: bool) -> Iterator[RankPart]:
+        """:func:`analyze_rank` of every part of ``source`` (``ranks``), in rank order."""
+        ...
+
+    def after(self, stage: "AfterFinish", run: "FinishedRun") -> "StageOutput":
+        """One stage after the finish."""
+        ...
+
+
+class LocalRunner:
+    """The per-rank work in this process, one rank (or the whole in-memory frame) at a time."""
+
+    def overview(self, source: "FrameSource | ScanSource",
+                 profiler_windows: list[list[int]] | None) -> tuple[Overview, pl.DataFrame | None]:
+        return trace_overview(source.lazy(), by_rank=source.by_rank), None
+
+    def map(self, source: "FrameSource | ScanSource", ranks: list[int], win: Window, plan: CrossRankPlan | None,
+            split: bool) -> Iterator[RankPart]:
+        for rs, df in source.parts(ranks):
+            _interrupt.check("analyze")  # Ctrl-C stops between ranks (tracekit._interrupt)
+            yield analyze_rank(df, rs, win, plan, split, source.host(rs) if plan is not None else None)
+            del df
+
+    def after(self, stage: "AfterFinish", run: "FinishedRun") -> "StageOutput":
+        return stage(run)
+
+
 def run_analysis(
     source: FrameSource | ScanSource,
     meta: Mapping[str, Any],
@@ -242,19 +301,25 @@ def run_analysis(
     top: int = 5,
     cross_rank: bool = True,
     after: Sequence[AfterFinish] = (),
+    runner: "RankRunner | None" = None,
 ) -> AnalysisResult:
     """The :class:`AnalysisResult` of ``source``; ``.to_json()`` is the analyze JSON object (docs/analyze_json.md).
 
     ``after``: stages run after the cross-rank finish (with ``cross_rank`` only), in order; each one's sections join
-    the JSON and its findings the one ranker (:mod:`tracekit.api` passes the next win)."""
+    the JSON and its findings the one ranker (:mod:`tracekit.api` passes the next win). ``runner``: where the
+    per-rank work (overview, map) and the after stages run (default :class:`LocalRunner`: here, one rank at a time;
+    :mod:`tracekit.cluster.analyze` runs them as cluster tasks). The result does not depend on the runner."""
+    runner = runner if runner is not None else LocalRunner()
     quality = QualityLog()
     for q in meta.get("quality") or []:
         quality.add(q.get("code", "note"), q.get("message", ""), severity=q.get("severity", "warning"), rank=q.get("rank"))
     path = getattr(source, "path", "trace")
     lf = source.lazy()
+    capture = meta.get("capture")
+    pw = capture.get("profiler_windows") if isinstance(capture, dict) else None
     try:
-        ov = trace_overview(lf, by_rank=source.by_rank)
-    except InputError:
+        ov, bounds = runner.overview(source, pw)
+    except TracekitError:
         raise
     except Exception as e:  # noqa: BLE001 - a corrupt file fails in the first scan
         raise InputError(f"{path}: unreadable trace data ({first_line(e)}); re-convert the source") from None
@@ -266,10 +331,8 @@ def run_analysis(
             origin = int(m) if m is not None else 0  # type: ignore[arg-type]
         tr = parse_time_range(window, origin)
         tr = _window_inside(tr, window, int(origin), meta, ov, quality)
-    capture = meta.get("capture")
-    pw = capture.get("profiler_windows") if isinstance(capture, dict) else None
     win = select_window(lf, time_range=tr, skip_steps=skip_steps, trim_transient=trim_transient and tr is None, quality=quality,
-                        profiler_windows=pw, overview=ov)
+                        profiler_windows=pw, overview=ov, bounds=bounds)
     plan = None
     if cross_rank:
         from tracekit.analysis.stage import crossrank
@@ -277,25 +340,17 @@ def run_analysis(
         plan = crossrank.cross_rank_plan(ov.take_small(), meta, {"window": win, "quality": quality}, ranks=ov.all_ranks,
                                          cpu_ranks=ov.cpu_ranks)
     split = plan.split if plan is not None else False
-    bd_parts, kt_parts, cr_parts = [], [], []
-    for ranks, df in source.parts(ov.all_ranks):
-        _interrupt.check("analyze")  # Ctrl-C stops between ranks (tracekit._interrupt)
-        cp = plan.comm_parts(df, ranks) if plan is not None else None
-        bd_parts.append(compute_breakdown(df, win, comm_parts=cp, split=split))
-        kt_parts.append(kernel_totals(df, win))
-        if plan is not None:
-            cr_parts.append(crossrank.cross_rank_part(df, plan, ranks=ranks, host=source.host(ranks)))
-        if ranks is not None:  # keep nothing of this rank's frame alive (string views share its buffers)
-            for lst in (bd_parts, kt_parts, cr_parts):
-                if lst:
-                    lst[-1] = compact(lst[-1])
-        del df
+    parts = list(runner.map(source, ov.all_ranks, win, plan, split))
+    bd_parts = [p.breakdown for p in parts]
+    kt_parts = [p.totals for p in parts]
+    cr_parts = [p.cross for p in parts if p.cross is not None]
+    del parts
     tables: dict[str, Any] = {}
     extra: dict[str, Any] = crossrank.cross_rank_finish(plan, cr_parts, tables) if plan is not None else {}
     if plan is not None:
         for stage in after:
             _interrupt.check("analyze")
-            out = stage(FinishedRun(source, ov, meta, extra, plan))
+            out = runner.after(stage, FinishedRun(source, ov, meta, extra, plan))
             extra.update(out.sections)
             if out.findings:
                 extra.setdefault("_candidates", []).extend(out.findings)

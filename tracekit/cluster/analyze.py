@@ -1,0 +1,255 @@
+"""``analyze --cluster``: the per-rank work of :func:`tracekit.analysis.stage.pipeline.run_analysis` as Dask tasks.
+
+The same driver, the same functions; only where they run changes (:class:`ClusterRunner`, a
+:class:`~tracekit.analysis.stage.pipeline.RankRunner`):
+
+1. **overview**, one task per rank (:func:`_overview_task`): the rank's aggregate row, its small rows (collective
+   kernels and steps) and its profiler-window bounds (:func:`tracekit.core.window.span_bounds`); the client
+   concatenates them (:func:`tracekit.core.window.overview_of`, :func:`~tracekit.core.window.combine_bounds`);
+2. window and cross-rank plan on the client, from those small rows only (collective matching, clock offsets,
+   stall plan);
+3. **map**, one task per rank (:func:`_rank_task`): the rank's rows read by the worker from the trace
+   (a ``trace.parquet`` or a dataset: a path every worker can read), :func:`~tracekit.analysis.stage.pipeline.analyze_rank`
+   with the plan — broadcast once to every worker without the per-rank tables, plus the rank's own instance
+   and wait rows — and back comes the rank's small :class:`~tracekit.analysis.stage.pipeline.RankPart`;
+4. reduce on the client (exact, as locally); the stages after the finish (next win: a bounded replay sample)
+   run as one task on a worker.
+
+No kernel table ever reaches the client. A rank whose task fails is a one-line error naming the rank; under
+``keep_going`` the analysis is run again without it (the answer is then ``analyze --ranks`` of the others, with a
+``rank_failed`` flag). A worker that dies is replaced and its tasks rerun by Dask (the same answer); one that dies
+on the same rank :data:`ALLOWED_FAILURES` + 1 times fails that rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+import polars as pl
+
+from tracekit import _env, _interrupt
+from tracekit._errors import InputError, TracekitError, UsageError
+from tracekit.analysis.plan import CrossRankPlan
+from tracekit.analysis.result import AnalysisResult
+from tracekit.analysis.stage.pipeline import AfterFinish, FinishedRun, RankPart, ScanSource, StageOutput, analyze_rank
+from tracekit.core.window import Overview, Window, combine_bounds, overview_of, rank_overview, span_bounds
+from tracekit.schema import first_line
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+__all__ = ["ClusterRunner", "analyze_cluster", "RankFailed"]
+
+#: Dask's default ``distributed.scheduler.allowed-failures``: a task whose workers die more often than this fails
+ALLOWED_FAILURES = 3
+
+
+class RankFailed(TracekitError):
+    """A rank's task failed; ``rank`` names it (``keep_going`` retries without it)."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, rank: int, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.exit_code = exit_code
+
+
+def _source(path: str, ranks: Sequence[int] | None) -> ScanSource:
+    from tracekit.analysis.stage.pipeline import ranks_filter
+    from tracekit.schema import scan_trace
+
+    return ScanSource(path, ranks_filter(scan_trace(path), ranks))
+
+
+def _maybe_die(rank: int) -> None:
+    """Fault injection for the tests (:data:`tracekit._env.TEST_KILL_RANK`): this worker dies (SIGKILL) on ``rank``
+    — once (a marker file records it) or, with ``always``, every time."""
+    spec = os.environ.get(_env.TEST_KILL_RANK, "")
+    if not spec:
+        return
+    r, _, marker = spec.partition(":")
+    if int(r) != rank:
+        return
+    if marker != "always":
+        if os.path.exists(marker):
+            return
+        Path(marker).write_text("killed")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _overview_task(path: str, ranks: Sequence[int] | None, rank: int,
+                   windows: list[list[int]] | None) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame | None]:
+    """Task: one rank's aggregate row, small rows and (windowed capture) profiler-window bounds."""
+    _maybe_die(rank)
+    lf = _source(path, ranks).lazy()
+    agg, small = rank_overview(lf, rank)
+    bounds = None
+    if windows and len(windows) >= 2:
+        cpu = bool(agg["has_cpu_dev"][0]) and not bool(agg["has_gpu"][0])
+        bounds = span_bounds(lf.filter(pl.col("rank") == rank), windows, cpu_ranks=[rank] if cpu else [])
+    return agg, small, bounds
+
+
+def _rank_task(path: str, ranks: Sequence[int] | None, rank: int, win: Window, plan: CrossRankPlan | None,
+               inst: pl.DataFrame | None, waits: pl.DataFrame | None, split: bool) -> RankPart:
+    """Task: :func:`analyze_rank` of one rank, the plan completed with the rank's own instance and wait rows."""
+    _maybe_die(rank)
+    src = _source(path, ranks)
+    if plan is not None and inst is not None and waits is not None:
+        plan = dataclasses.replace(plan, inst=inst, waits=waits)
+    (rs, df), = src.parts([rank])
+    return analyze_rank(df, rs, win, plan, split, src.host(rs) if plan is not None else None)
+
+
+def _after_task(stage: AfterFinish, path: str, ranks: Sequence[int] | None, ov: Overview, meta: Any, sections: Any,
+                plan: CrossRankPlan) -> StageOutput:
+    return stage(FinishedRun(_source(path, ranks), ov, meta, sections, plan))
+
+
+def _slim(plan: CrossRankPlan) -> CrossRankPlan:
+    """What every worker needs of the plan: all but the per-rank tables (sent with each rank's task) and the
+    finish-only summaries."""
+    empty = pl.DataFrame()
+    return dataclasses.replace(plan, inst=plan.inst.clear(), waits=plan.waits.clear(), groups=empty, per_rank=empty, view=None)
+
+
+class ClusterRunner:
+    """A :class:`~tracekit.analysis.stage.pipeline.RankRunner` on a Dask client (module docstring)."""
+
+    def __init__(self, client: "Client", path: str, ranks: Sequence[int] | None) -> None:
+        self.client, self.path, self.ranks = client, path, (list(ranks) if ranks is not None else None)
+
+    def _gather(self, futs: list[Any], ranks: list[int]) -> list[Any]:
+        """Every future's result, in order, each fetched as soon as its task ends (a result kept on a worker that
+        dies later would be lost and recomputed); the first failure in rank order is a :class:`RankFailed`."""
+        import time
+
+        got: dict[int, Any] = {}
+        bad: dict[int, Any] = {}
+        while len(got) + len(bad) < len(futs):  # short sleeps: a Ctrl-C is heard between them
+            _interrupt.check("analyze")
+            busy = True
+            for i, f in enumerate(futs):
+                if i in got or i in bad or not f.done():
+                    continue
+                busy = False
+                if f.status == "finished":
+                    try:
+                        got[i] = f.result()
+                        f.release()
+                    except Exception:  # noqa: BLE001 - its result was lost with a worker: it is being recomputed
+                        continue
+                else:
+                    bad[i] = f
+            if busy:
+                time.sleep(0.05)
+        if bad:
+            i = min(bad, key=lambda i: ranks[i])
+            raise _failure(bad[i], ranks[i])
+        return [got[i] for i in range(len(futs))]
+
+    def overview(self, source: Any, profiler_windows: list[list[int]] | None) -> tuple[Overview, pl.DataFrame | None]:
+        present = sorted(int(r) for r in source.lazy().select(pl.col("rank").unique()).collect(engine="streaming")["rank"].to_list())
+        futs = [self.client.submit(_overview_task, self.path, self.ranks, r, profiler_windows, pure=False, key=f"tk-overview-{r}-{_tag()}")
+                for r in present]
+        got = self._gather(futs, present)
+        agg = pl.concat([a for a, _, _ in got]) if got else source.lazy().group_by("rank").agg(pl.len().alias("rows")).collect()
+        ov = overview_of(agg, pl.concat([s for _, s, _ in got]) if got else pl.DataFrame())
+        bounds = [b for _, _, b in got if b is not None]
+        return ov, combine_bounds(bounds) if bounds else None
+
+    def map(self, source: Any, ranks: list[int], win: Window, plan: CrossRankPlan | None, split: bool) -> Iterator[RankPart]:
+        common = self.client.scatter(_slim(plan), broadcast=True) if plan is not None else None  # type: ignore[no-untyped-call]
+        inst_of = _by_rank(plan.inst) if plan is not None else {}
+        waits_of = _by_rank(plan.waits) if plan is not None else {}
+        futs = []
+        for r in ranks:
+            inst = inst_of.get(r, plan.inst.clear()) if plan is not None else None
+            waits = waits_of.get(r, plan.waits.clear()) if plan is not None else None
+            futs.append(self.client.submit(_rank_task, self.path, self.ranks, r, win, common, inst, waits, split, pure=False,
+                                           key=f"tk-rank-{r}-{_tag()}"))
+        yield from self._gather(futs, ranks)
+
+    def after(self, stage: AfterFinish, run: FinishedRun) -> StageOutput:
+        fut = self.client.submit(_after_task, stage, self.path, self.ranks, run.overview, run.meta, dict(run.sections), run.plan,
+                                 pure=False, key=f"tk-after-{_tag()}")
+        out: StageOutput = self._gather([fut], [-1])[0]
+        return out
+
+
+def _by_rank(df: pl.DataFrame) -> dict[int, pl.DataFrame]:
+    return {int(k[0]): v for k, v in df.partition_by("rank", as_dict=True).items()} if df.height else {}
+
+
+def _tag() -> str:
+    return os.urandom(4).hex()
+
+
+def _failure(fut: Any, rank: int) -> TracekitError:
+    """The one-line error of a failed task (``rank`` -1: the stage after the finish)."""
+    from distributed import KilledWorker
+
+    where = f"rank {rank}" if rank >= 0 else "the next-win replay"
+    try:
+        exc = fut.exception()
+    except Exception as e:  # noqa: BLE001 - cancelled, or the scheduler is gone
+        exc = e
+    if isinstance(exc, KilledWorker):
+        import dask
+
+        n = int(dask.config.get("distributed.scheduler.allowed-failures", ALLOWED_FAILURES)) + 1
+        return RankFailed(f"{where}: the worker running it died {n} times (killed: out of memory?); "
+                          "give the workers more memory, or pass --keep-going to analyze the other ranks", rank, 5)
+    if isinstance(exc, TracekitError):
+        msg = str(exc)
+        return RankFailed(msg if f"rank {rank}" in msg else f"{where}: {msg}", rank, exc.exit_code)
+    if exc is None or fut.status == "cancelled":
+        return RankFailed(f"{where}: the task was cancelled (the scheduler lost it); run the command again", rank, 5)
+    return RankFailed(f"{where}: the task failed ({first_line(exc)})", rank, 2)
+
+
+def analyze_cluster(client: "Client", path: str | Path, *, keep_going: bool = False, **opts: Any) -> AnalysisResult:
+    """``tracekit.api.analyze_result(path, **opts)`` with the per-rank work on ``client`` (module docstring).
+
+    ``path`` must be readable by every worker (a shared filesystem path). ``keep_going``: a failed rank is left
+    out (the analysis runs again on the others) and flagged ``rank_failed``; otherwise its error is raised."""
+    from tracekit.api import analyze_result
+    from tracekit.schema import scan_trace
+
+    if opts.get("steps_from") is not None:
+        raise UsageError("--steps-from re-derives the steps of the whole trace in one process; drop --cluster or --steps-from")
+    path = str(Path(path).absolute())
+    ranks: list[int] | None = None
+    failed: list[tuple[int, str]] = []
+    while True:
+        try:
+            res = analyze_result(path, ranks=ranks, runner=ClusterRunner(client, path, ranks), **opts)
+            break
+        except RankFailed as e:
+            if not keep_going or e.rank < 0:
+                raise
+            failed.append((e.rank, str(e)))
+            if ranks is None:
+                ranks = sorted(int(r) for r in scan_trace(path).select(pl.col("rank").unique()).collect()["rank"].to_list())
+            ranks = [r for r in ranks if r != e.rank]
+            if not ranks:
+                raise InputError(f"{path}: every rank failed; the first: {failed[0][1]}") from None
+    return _flag_failed(res, failed)
+
+
+def _flag_failed(res: AnalysisResult, failed: list[tuple[int, str]]) -> AnalysisResult:
+    """``res`` with one ``rank_failed`` quality flag per rank left out (``keep_going``)."""
+    if not failed:
+        return res
+    import msgspec
+
+    from tracekit.analysis.sections import QualityItem
+
+    flags = tuple(QualityItem(code="rank_failed", message=f"{msg}; results cover the other ranks", severity="error", rank=r)
+                  for r, msg in failed)
+    return dataclasses.replace(res, sections=msgspec.structs.replace(res.sections, quality=res.sections.quality + flags))
