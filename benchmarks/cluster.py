@@ -309,7 +309,8 @@ def main(argv: list[str]) -> int:
         inputs[r] = (kineto_ranks(files, work / f"in{r}", r)[0].parent, t)
         print(f"inputs: {r} ranks x {t} tiles ({sum(f.stat().st_size for f in inputs[r][0].iterdir()) / 1e6:.0f} MB JSON) "
               f"in {time.perf_counter() - t0:.1f} s", flush=True)
-    workers = sorted({w for ws in plan.values() for w in ws} | ({8} if a.sim else set()))
+    every_w = sorted({w for ws in plan.values() for w in ws} | ({8} if a.sim else set()))
+    workers = every_w[:1] + every_w[-1:] + every_w[1:-1] if len(every_w) > 1 else every_w  # 1, most, then the rest
     for w in workers:
         if time.monotonic() - t_start > a.budget:
             print(f"budget spent: {w} workers not run", flush=True)
@@ -322,7 +323,7 @@ def main(argv: list[str]) -> int:
                                **run_case(cl, inputs[r][0], work, f"{r}-{w}"))
                     results["cases"].append(res)
                     print(json.dumps(res), flush=True)
-            if a.sim and w == max(workers) and time.monotonic() - t_start <= a.budget:
+            if a.sim and w == every_w[-1] and time.monotonic() - t_start <= a.budget:
                 base, _ = base_inputs(work, 1)
                 plant = _ints(a.plant) or [a.sim // 7 * 2, a.sim // 2 + 1, a.sim - 4]
                 results["sim"] = dict(workers=w, **simulate(cl, base, work, a.sim, plant, a.delay_ms, a.every))
