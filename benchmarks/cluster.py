@@ -240,13 +240,15 @@ def _plant(df: Any, *, own: bool, delay: int, every: int) -> Any:
 
 def sim_dataset(base: Path, out: Path, ranks: int, planted: list[int], delay: int, every: int) -> None:
     """The simulation's dataset (module docstring), partitions written by a process pool."""
+    import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
     from tracekit.schema import read_metadata, write_dataset_meta
 
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    with ProcessPoolExecutor(max(1, min(16, os.cpu_count() or 1))) as ex:
+    # spawn: this process holds the Dask client's threads, which a fork would copy mid-lock
+    with ProcessPoolExecutor(max(1, min(16, os.cpu_count() or 1)), mp_context=mp.get_context("spawn")) as ex:
         list(ex.map(planted_partition, [(str(base), str(out), t, ranks, planted, delay, every) for t in range(ranks)], chunksize=8))
     meta = dict(read_metadata(base))
     rm = {int(m["rank"]): m for m in meta.get("ranks", [])}
@@ -292,9 +294,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--delay-ms", type=float, default=5.0)
     ap.add_argument("--every", type=int, default=4)
     ap.add_argument("--work", default="/tmp/tracekit-cluster-bench")
+    ap.add_argument("--src", default=str(SRC), help="the real trace.parquet to tile (default: the grouped 2 x H200 fixture)")
     ap.add_argument("--budget", type=float, default=1e9)
     ap.add_argument("--json", default="")
     a = ap.parse_args(argv)
+    global SRC
+    SRC = Path(a.src)
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
@@ -309,7 +314,7 @@ def main(argv: list[str]) -> int:
         inputs[r] = (kineto_ranks(files, work / f"in{r}", r)[0].parent, t)
         print(f"inputs: {r} ranks x {t} tiles ({sum(f.stat().st_size for f in inputs[r][0].iterdir()) / 1e6:.0f} MB JSON) "
               f"in {time.perf_counter() - t0:.1f} s", flush=True)
-    every_w = sorted({w for ws in plan.values() for w in ws} | ({8} if a.sim else set()))
+    every_w = sorted({w for ws in plan.values() for w in ws} or ({8} if a.sim else set()))  # the simulation: on the most
     workers = every_w[:1] + every_w[-1:] + every_w[1:-1] if len(every_w) > 1 else every_w  # 1, most, then the rest
     for w in workers:
         if time.monotonic() - t_start > a.budget:
