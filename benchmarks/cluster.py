@@ -283,6 +283,7 @@ def _ints(s: str) -> list[int]:
 
 
 def main(argv: list[str]) -> int:
+    global SRC
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ranks", default="8,64,512")
     ap.add_argument("--workers", default="1,2,4,8")
@@ -298,7 +299,6 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--budget", type=float, default=1e9)
     ap.add_argument("--json", default="")
     a = ap.parse_args(argv)
-    global SRC
     SRC = Path(a.src)
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
