@@ -328,17 +328,25 @@ def main(argv: list[str]) -> int:
                                **run_case(cl, inputs[r][0], work, f"{r}-{w}"))
                     results["cases"].append(res)
                     print(json.dumps(res), flush=True)
+                    _save(a.json, results)
             if a.sim and w == every_w[-1] and time.monotonic() - t_start <= a.budget:
                 base, _ = base_inputs(work, 1)
                 plant = _ints(a.plant) or [a.sim // 7 * 2, a.sim // 2 + 1, a.sim - 4]
                 results["sim"] = dict(workers=w, **simulate(cl, base, work, a.sim, plant, a.delay_ms, a.every))
                 print(json.dumps(results["sim"]), flush=True)
+                _save(a.json, results)
         finally:
             cl.close()
     _summary(results)
-    if a.json:
-        Path(a.json).write_text(json.dumps(results, indent=1))
+    _save(a.json, results)
     return 0
+
+
+def _save(path: str, results: dict[str, Any]) -> None:
+    """The results so far (written after every case: a run stopped at its time limit keeps what it measured)."""
+    if path:
+        Path(path + ".tmp").write_text(json.dumps(results, indent=1))
+        os.replace(path + ".tmp", path)
 
 
 def _summary(results: dict[str, Any]) -> None:
