@@ -219,16 +219,22 @@ def _plant(df: Any, *, own: bool, delay: int, every: int) -> Any:
     all-reduce after each (it waits); rows after each point shift by ``delay``, the waiting all-reduce grows."""
     import polars as pl
 
-    steps = df.filter((pl.col("kind") == "step") & pl.col("step_id").is_not_null() & (pl.col("step_id") % every == every - 1))
-    starts = sorted(int(x) for x in steps["ts_ns"].unique().to_list())
+    steps = df.filter((pl.col("kind") == "step") & pl.col("step_id").is_not_null() & (pl.col("step_id") % every == every - 1)
+                      & pl.col("profiled").fill_null(True))
+    coll = df.filter((pl.col("category") == "communication") & (pl.col("kind") == "kernel")).select(
+        pl.coalesce("launch_ts_ns", "ts_ns").alias("launch"), "ts_ns").sort("launch")
+    ck0 = coll["launch"]  # a step's all-reduces are launched inside it (they run on the GPU after it)
+    # delayed steps: those that hold an all-reduce (both ranks of the pair pick the same step ids)
+    starts = sorted({int(a) for a, d in zip(steps["ts_ns"].to_list(), steps["dur_ns"].to_list())
+                     if int(ck0.search_sorted(a, side="left")) < int(ck0.search_sorted(a + d, side="left"))})
     if own:
         thr = pl.Series(starts, dtype=pl.Int64)
         n = thr.search_sorted(df["ts_ns"], side="right")  # thresholds at or before each row
         ln = thr.search_sorted(df["launch_ts_ns"].fill_null(0), side="right")
         return df.with_columns((pl.col("ts_ns") + n.cast(pl.Int64) * delay).alias("ts_ns"),
                                (pl.col("launch_ts_ns") + ln.cast(pl.Int64) * delay).alias("launch_ts_ns"))
-    ck = df.filter((pl.col("category") == "communication") & (pl.col("kind") == "kernel")).select("ts_ns").sort("ts_ns")["ts_ns"]
-    firsts = sorted({int(ck[int(i)]) for i in ck.search_sorted(pl.Series(starts, dtype=pl.Int64), side="left").to_list() if int(i) < ck.len()})
+    idx = ck0.search_sorted(pl.Series(starts, dtype=pl.Int64), side="left").to_list()  # first all-reduce launched after each
+    firsts = sorted({int(coll["ts_ns"][int(i)]) for i in idx if int(i) < ck0.len()})
     thr = pl.Series(firsts, dtype=pl.Int64)
     n = thr.search_sorted(df["ts_ns"], side="left")  # thresholds strictly before each row
     is_wait = (pl.col("category") == "communication") & (pl.col("kind") == "kernel") & pl.col("ts_ns").is_in(firsts)
@@ -331,7 +337,8 @@ def main(argv: list[str]) -> int:
                     _save(a.json, results)
             if a.sim and w == every_w[-1] and time.monotonic() - t_start <= a.budget:
                 base, _ = base_inputs(work, 1)
-                plant = _ints(a.plant) or [a.sim // 7 * 2, a.sim // 2 + 1, a.sim - 4]
+                # odd ranks: the copies of the source's rank 1 (planting on the other role does not take yet: see docs/scale.md §4)
+                plant = _ints(a.plant) or [a.sim // 7 * 2 + 1, a.sim // 2 + 1, a.sim - 3]
                 results["sim"] = dict(workers=w, **simulate(cl, base, work, a.sim, plant, a.delay_ms, a.every))
                 print(json.dumps(results["sim"]), flush=True)
                 _save(a.json, results)
