@@ -164,13 +164,16 @@ def client_run(args: list[str]) -> tuple[float, int, float, str]:
     out_b: list[bytes] = []
     reader = threading.Thread(target=lambda: out_b.append(p.stdout.read()), daemon=True)  # type: ignore[union-attr]
     reader.start()
+    rss = PeakSampler([p.pid])  # sampled: wait4's ru_maxrss starts at this (larger) process' own high-water mark
+    rss.start()
     _, status, ru = os.wait4(p.pid, 0)
+    peak = max(rss.stop().values())
     reader.join()
     wall = time.perf_counter() - t0
     err = p.stderr.read().decode()  # type: ignore[union-attr]
     if os.waitstatus_to_exitcode(status) != 0:
         raise RuntimeError(f"tracekit {' '.join(args[:1])} failed: {err.strip()[-500:]}")
-    return wall, ru.ru_maxrss * 1024, ru.ru_utime + ru.ru_stime, out_b[0].decode()
+    return wall, peak, ru.ru_utime + ru.ru_stime, out_b[0].decode()
 
 
 def run_case(cl: Cluster, inputs: Path, work: Path, tag: str) -> dict[str, Any]:
