@@ -69,7 +69,7 @@ def _source(path: str, ranks: Sequence[int] | None) -> ScanSource:
 def _maybe_die(rank: int) -> None:
     """Fault injection for the tests (:data:`tracekit._env.TEST_KILL_RANK`): this worker dies (SIGKILL) on ``rank``
     — once (a marker file records it) or, with ``always``, every time."""
-    spec = os.environ.get(_env.TEST_KILL_RANK, "")
+    spec = _env.get(_env.TEST_KILL_RANK, "") or ""
     if not spec:
         return
     r, _, marker = spec.partition(":")

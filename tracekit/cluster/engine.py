@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,8 +120,8 @@ def _start_local(target: Target, threads: int | None) -> Any:
     from distributed import LocalCluster
 
     k = str(_local_threads(target.workers, threads))
-    env = {_env.POLARS_MAX_THREADS: os.environ.get(_env.POLARS_MAX_THREADS, k),
-           _env.PARSE_THREADS: os.environ.get(_env.PARSE_THREADS, k)}
+    env = {_env.POLARS_MAX_THREADS: _env.get(_env.POLARS_MAX_THREADS, k) or k,
+           _env.PARSE_THREADS: _env.get(_env.PARSE_THREADS, k) or k}
     import dask
 
     # one task per worker thread at a time: a worker that dies is blamed on the task it ran, not on queued ones

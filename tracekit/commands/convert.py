@@ -47,7 +47,7 @@ def register(app: typer.Typer) -> None:
 
             with cluster_client(cluster) as client:  # workers may run elsewhere: absolute paths
                 res = convert([p.absolute() for p in inputs], out.absolute(), layout=layout or "dataset",
-                              executor=client.get_executor(pure=False), **kw)  # type: ignore[arg-type]
+                              executor=client.get_executor(pure=False), **kw)  # type: ignore[arg-type, no-untyped-call]
         if not quiet:
             mb = res.input_bytes / 1e6
             typer.echo(

@@ -371,6 +371,36 @@ def _world_meta(metas: list[dict[str, Any]], ranks: list[int], quality: QualityL
     return {"world_size": ws, "ranks": per_rank}
 
 
+def _inputs(inputs: Sequence[str | Path], out: Path, rules: str | Path | RuleSet | None) -> tuple[list[Source], str | None, int]:
+    """The sources (none of them the output), the rules file (validated) and the input bytes; every input noted."""
+    sources = discover(inputs)
+    for s in sources:
+        if s.path.resolve() == out.resolve():
+            raise InputError(f"{out}: the output would overwrite an input; choose another -o")
+    rules_path = str(rules) if isinstance(rules, (str, Path)) else None
+    if isinstance(rules, RuleSet):
+        rules_path = rules.sources[0] if rules.sources else None
+    if rules_path:
+        load_rules(rules_path)  # validate early, one-line error
+    for s in sources:
+        note_input(s.path)
+    if rules_path:
+        note_input(rules_path)
+    in_bytes = sum(s.path.stat().st_size if s.path.is_file() else sum(f.stat().st_size for f in s.path.iterdir()) for s in sources)
+    return sources, rules_path, in_bytes
+
+
+def _stage_serially(stager: "_Stager", sources: list[Source], prog: "_Progress", keep_going: bool, failed: list[dict[str, Any]]) -> None:
+    """Every source's ranks, in rank order, handed to the stager (``jobs=1``, one file)."""
+    n = len(sources)
+    for s in sorted(sources, key=lambda s: (s.rank_hint is None, s.rank_hint or 0, s.window or 0)):
+        _interrupt.check("rank")
+        for hand, meta_r in _ranks_or_failure(s, keep_going, failed, n > 1):
+            _interrupt.check("rank")
+            stager.submit(hand, meta_r, single_source=n == 1)
+        prog.step(s.path.name)
+
+
 def convert(
     inputs: Sequence[str | Path],
     out: str | Path,
@@ -406,20 +436,7 @@ def convert(
     tune_runtime()
     compile_steps_from(steps_from)
     out = Path(out)
-    sources = discover(inputs)
-    for s in sources:
-        if s.path.resolve() == out.resolve():
-            raise InputError(f"{out}: the output would overwrite an input; choose another -o")
-    rules_path = str(rules) if isinstance(rules, (str, Path)) else None
-    if isinstance(rules, RuleSet):
-        rules_path = rules.sources[0] if rules.sources else None
-    if rules_path:
-        load_rules(rules_path)  # validate early, one-line error
-    for s in sources:
-        note_input(s.path)
-    if rules_path:
-        note_input(rules_path)
-    in_bytes = sum(s.path.stat().st_size if s.path.is_file() else sum(f.stat().st_size for f in s.path.iterdir()) for s in sources)
+    sources, rules_path, in_bytes = _inputs(inputs, out, rules)
     if layout not in ("file", "dataset"):
         raise UsageError(f"--layout {layout!r}: must be file or dataset")
     # refuse early (before the work) when the output exists, is an input, a device/FIFO/directory, or cannot be written
@@ -456,12 +473,7 @@ def convert(
             rules_set = dataclasses.replace(load_rules(rules_path) if rules_path else load_rules(None), steps_from=steps_from)
             windows = any(s.window is not None for s in sources)
             stager = _Stager(os.path.join(part_dir, "stage.parquet"), part_dir, str(out), rules_set, extra, merge_extra=not windows)
-            for s in sorted(sources, key=lambda s: (s.rank_hint is None, s.rank_hint or 0, s.window or 0)):
-                _interrupt.check("rank")
-                for hand, meta_r in _ranks_or_failure(s, keep_going, failed, n > 1):
-                    _interrupt.check("rank")
-                    stager.submit(hand, meta_r, single_source=n == 1)
-                prog.step(s.path.name)
+            _stage_serially(stager, sources, prog, keep_going, failed)
             stager.wait_summary()  # the last rank's rows are still being written while clocks are aligned
             metas = stager.metas
         prog.close()

@@ -114,9 +114,9 @@ class DatasetBuild:
     def write_orphans(self, orphan: pl.DataFrame) -> int:
         """Capture rows of ranks the trace lacks (sorted by rank, time), one partition per rank."""
         for (r,), df in orphan.partition_by("rank", as_dict=True, maintain_order=True).items():
-            dest = self.partition(int(r))  # type: ignore[call-overload]
+            dest = self.partition(int(r))
             dest.parent.mkdir(exist_ok=True)
-            w = TraceWriter(dest, force=True, label=str(self.out), final=False, part_rank=int(r))  # type: ignore[call-overload]
+            w = TraceWriter(dest, force=True, label=str(self.out), final=False, part_rank=int(r))
             try:
                 w.write(df)
                 w.close()
