@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from tracekit import _env
-from tracekit._errors import ClusterError, UsageError
+from tracekit._errors import ClusterError, UsageError, require
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -103,11 +103,8 @@ def probe(text: str) -> Target:
 
 
 def require_dask() -> None:
-    """One-line error naming the extra when Dask distributed is not installed."""
-    try:
-        import distributed  # noqa: F401
-    except ImportError as e:
-        raise UsageError(f"--cluster needs Dask distributed ({e.name} is not installed): pip install 'tracekit[cluster]'") from None
+    """One-line error naming the extra when Dask distributed is not installed (:func:`tracekit._errors.require`)."""
+    require("distributed", "cluster", "--cluster")
 
 
 def _local_threads(workers: int, threads: int | None) -> int:
