@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(400)
 
 def test_cli_capture_8_cpu_ranks(tmp_path: Path):
     out = tmp_path / "trace.parquet"
-    cmd = [sys.executable, "-m", "tracekit.cli", "capture", "--duration", "3s", "--device", "cpu", "-o", str(out),
+    cmd = [sys.executable, "-m", "tracekit.cli", "capture", "--duration", "3s", "--device", "cpu", "--ranks", "8", "-o", str(out),
            "--unprofiled-steps", "4", "--profile-steps", "2", "--profile-every", "1000", "--min-steps", "8",
            "--no-progress", "--url", "http://127.0.0.1:9"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=380, env=dict(os.environ, PYTHONUNBUFFERED="1"))

@@ -4,7 +4,8 @@ Every analysis proposes :class:`Finding` candidates; :func:`rank_findings` is th
 orders, gates and words them, so two findings cannot contradict each other:
 
 * **importance**: ``weight`` = the time (ns) the finding accounts for; a headline (``headline=True``,
-  e.g. CPU oversubscription, which invalidates every other figure) comes first;
+  e.g. CPU oversubscription, which invalidates every other figure) comes first, then the overview
+  (``lead=True``: what dominates the window, copies, compute, communication or idle), then the rest;
 * **clock gate**: a cross-rank wait finding (``cross_rank=True``) whose typical single wait
   (``per_event_ns``) is below the clock alignment residual is withheld — the residual finding says
   how many were withheld instead; one whose wait is within 3× the residual is stated as tentative;
@@ -23,7 +24,7 @@ from typing import Any, Iterable, Mapping
 
 import polars as pl
 
-__all__ = ["Finding", "rank_findings", "basic_candidates", "stall_candidates", "clock_candidates", "idle_candidates",
+__all__ = ["Finding", "rank_findings", "basic_candidates", "dominant_candidates", "stall_candidates", "clock_candidates", "idle_candidates",
            "pcie_candidates", "power_candidates", "step_candidates", "efficiency_candidates", "host_cpus", "is_collective_name",
            "RESIDUAL_WARN_NS"]
 
@@ -52,6 +53,8 @@ class Finding:
     samples: int | None = None
     headline: bool = False
     tentative_text: str | None = None
+    #: the overview (what dominates the window): stated right after the headlines, before the ranked rest
+    lead: bool = False
 
 
 def rank_findings(cands: Iterable[Finding], *, residual_ns: int | None = None) -> list[str]:
@@ -81,14 +84,14 @@ def rank_findings(cands: Iterable[Finding], *, residual_ns: int | None = None) -
         seen_text.add(text)
         if f.subject:
             seen_key.add(key)
-        out.append((0 if f.headline else 1, -f.weight, text))
+        out.append((0 if f.headline else 1 if f.lead else 2, -f.weight, text))
     if gate:
         assert residual_ns is not None
         w = f" {withheld} cross-rank wait finding(s) with waits below it are withheld." if withheld else ""
         txt = resid_f.text if resid_f is not None else (
             f"Clock alignment residual is {residual_ns / 1e3:.0f} µs: cross-rank waits below that are not reliable.")
         # stated before the cross-rank findings it qualifies
-        out.append((1, -math.inf, txt + w))
+        out.append((2, -math.inf, txt + w))
     out.sort(key=lambda t: (t[0], t[1]))
     return [t for _, _, t in out]
 
@@ -105,34 +108,104 @@ def host_cpus(meta: Mapping[str, Any] | None) -> int | None:
     return int(v) if v else None
 
 
+#: the four kinds of device time a dominant-share finding compares (breakdown buckets; CPU mode: docs/cpu_mode.md)
+_COPY_BUCKETS = ("memory",)
+_COMM_BUCKETS = ("communication", "comm_transfer", "comm_wait")
+
+
+def _groups(t: Mapping[str, int]) -> dict[str, int]:
+    """Window time by kind: copies (memcpy/memset), communication, idle, and compute (every other bucket)."""
+    g = {"copies": 0, "communication": 0, "idle": int(t.get("idle", 0) or 0), "compute": 0}
+    for k, v in t.items():
+        if k == "idle":
+            continue
+        kind = "copies" if k in _COPY_BUCKETS else "communication" if k in _COMM_BUCKETS else "compute"
+        g[kind] += int(v or 0)
+    return g
+
+
+def _top_op(res: Mapping[str, Any], cats: Iterable[str]) -> tuple[str, int, int] | None:
+    """(name, total ns, count) of the longest op of these categories in the window (``top_kernels``)."""
+    rows = [r for c in cats for r in (res.get("top_kernels") or {}).get(c) or []]
+    if not rows:
+        return None
+    r = max(rows, key=lambda r: int(r.get("total_ns") or 0))
+    return str(r["name"]), int(r.get("total_ns") or 0), int(r.get("count") or 0)
+
+
+def _top_cause(res: Mapping[str, Any]) -> tuple[str, int] | None:
+    """The idle cause with the most time over all ranks (``idle_causes_ns``)."""
+    tot: dict[str, int] = {}
+    for causes in (res.get("idle_causes_ns") or {}).values():
+        for c, v in (causes or {}).items():
+            tot[c] = tot.get(c, 0) + int(v or 0)
+    best = max(tot.items(), key=lambda kv: kv[1], default=None)
+    return best if best and best[1] > 0 else None
+
+
+def dominant_candidates(res: Mapping[str, Any]) -> list[Finding]:
+    """What dominates the window: copies, compute, communication or idle, whichever holds the most time over
+    all ranks (on every input kind: a Kineto or nsys GPU trace, CPU mode, SGLang), with its largest part."""
+    o = res.get("overall") or {}
+    w = int(o.get("window_ns") or 0)
+    if w <= 0:
+        return []
+    t = o.get("time_ns") or {}
+    g = _groups(t)
+    kind, v = max(g.items(), key=lambda kv: kv[1])
+    if v <= 0:
+        return []
+    cpu = res.get("device_mode") == "cpu"
+    of = "of the ranks' time" if cpu else "of GPU time"
+    pct = f"{100 * v / w:.0f}%"
+    if kind == "copies":
+        top = _top_op(res, _COPY_BUCKETS)
+        lead = f"; the largest is {_short(top[0])}: {_dur(top[1])} in {top[2]} op(s)" if top else ""
+        text = f"Copies dominate: memory copies and sets take {pct} {of} over all ranks{lead}."
+    elif kind == "communication":
+        wait, xfer = int(t.get("comm_wait", 0) or 0), int(t.get("comm_transfer", 0) or 0)
+        split = f" ({100 * xfer / w:.0f}% transfer, {100 * wait / w:.0f}% waiting for peers)" if wait or xfer else ""
+        top = _top_op(res, ("communication",))
+        lead = f"; the largest is {_short(top[0])}: {_dur(top[1])} in {top[2]} call(s)" if top else ""
+        text = f"Communication dominates: collectives take {pct} {of} over all ranks{split}{lead}."
+    elif kind == "idle":
+        cause = _top_cause(res)
+        words = ((_CPU_WORDS if cpu and cause[0] in _CPU_WORDS else _IDLE_WORDS).get(cause[0], cause[0])) if cause else ""
+        lead = f"; the largest cause is {cause[0]} ({_dur(cause[1])}): {words}" if cause else ""
+        text = f"Idle dominates: {'the ranks run no operator' if cpu else 'the GPUs run nothing'} {pct} of the window over all ranks{lead}."
+    else:
+        comp = {k: int(x or 0) for k, x in t.items() if k != "idle" and k not in _COPY_BUCKETS and k not in _COMM_BUCKETS}
+        cat, cv = max(comp.items(), key=lambda kv: kv[1])
+        top = _top_op(res, (cat,))
+        lead = f", led by {_short(top[0])} ({_dur(top[1])})" if top else ""
+        text = f"Compute dominates: {'operators' if cpu else 'kernels'} take {pct} {of} over all ranks; the largest category is {cat} at {100 * cv / w:.0f}%{lead}."
+    return [Finding("dominant", text, float(v), subject=kind, lead=True)]
+
+
+def _dur(ns: float) -> str:
+    """A duration in the unit that reads best: µs, ms or s."""
+    if ns >= 1e9:
+        return f"{ns / 1e9:.2f} s"
+    return f"{ns / 1e6:.1f} ms" if ns >= 1e5 else f"{ns / 1e3:.0f} µs"
+
+
 def basic_candidates(res: Mapping[str, Any], meta: Mapping[str, Any] | None = None) -> list[Finding]:
-    """Candidates from the breakdown alone: largest share, idle share, CPU oversubscription."""
+    """Candidates from the breakdown alone: CPU oversubscription (a headline) and what dominates the window."""
     o = res["overall"]
     w = o["window_ns"] or 1
     t = o["time_ns"]
-    parts = sorted(((k, v) for k, v in t.items()), key=lambda kv: -kv[1])
     out: list[Finding] = []
     cpu = res.get("device_mode") == "cpu"
     ranks = len(res.get("ranks") or []) or int(res.get("world_size") or 0)
     cores = host_cpus(meta)
-    over = cpu and cores is not None and ranks > cores
-    if over:
+    if cpu and cores is not None and ranks > cores:
         comm = {k: v for k, v in t.items() if k.startswith("comm") or k == "communication"}
         top_comm = max(comm.items(), key=lambda kv: kv[1]) if comm else None
         share = f": {top_comm[0]} at {100 * top_comm[1] / w:.0f}% of the window is mostly ranks waiting for a core, not data movement" if top_comm and top_comm[1] / w >= 0.2 else ""
         out.append(Finding("cpu_oversubscribed", f"CPU oversubscribed: {ranks} ranks share {cores} CPU core(s){share}; "
                                                  f"rerun with at most {cores} rank(s) (--ranks {cores}) before reading other figures.",
                            float(w), headline=True))
-    unit = "time" if cpu else "GPU time"
-    if parts:
-        k, v = parts[0]
-        qual = " (inflated by oversubscription)" if over and (k.startswith("comm") or k == "communication") else ""
-        out.append(Finding("largest_share", f"Largest share of {unit}: {k} at {100 * v / w:.1f}% of the window (all ranks){qual}.",
-                           float(v) * 0.5))
-    idle = t.get("idle", 0)
-    if idle / w > 0.2:
-        out.append(Finding("idle_share", f"{'Ranks' if cpu else 'GPUs'} are idle {100 * idle / w:.1f}% of the window.", float(idle) * 0.5))
-    return out
+    return out + dominant_candidates(res)
 
 
 # --- cross-rank candidates -----------------------------------------------------------------------------------------

@@ -16,8 +16,6 @@ later with ``python -m tracekit.capture.assemble DIR -o trace.parquet``.
 
 from __future__ import annotations
 
-import os
-
 import json
 import re
 import statistics
@@ -201,10 +199,9 @@ def build_metadata(
 
 
 def _host_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    from tracekit.capture.options import host_cores
+
+    return host_cores()
 
 
 def assemble(

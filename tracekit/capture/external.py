@@ -29,6 +29,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -38,6 +39,7 @@ from typing import Any
 
 from tracekit import _env
 from tracekit._errors import CaptureError, QualityLog
+from tracekit.capture.stderr_relay import StderrRelay
 from tracekit.capture.window import WindowSpec
 
 __all__ = ["ProgramResult", "program_env", "ranks_done", "run_external"]
@@ -109,6 +111,70 @@ def _killpg(pid: int, sig: int) -> bool:
         return False
 
 
+def _supervise(proc: subprocess.Popen[bytes], run_dir: Path, res: ProgramResult, signals: list[int], relay: StderrRelay, *,
+               after: str, grace_s: float, say: Callable[[str], None]) -> None:
+    """Wait for the program: pass on the user's stop signals (SIGINT, SIGINT, then SIGTERM); with ``after="stop"``
+    stop it once every rank's trace is on disk (SIGINT to its group, SIGTERM after ``grace_s``, SIGKILL 10 s later),
+    muting what it writes from then on (its reaction to tracekit's stop, :mod:`~tracekit.capture.stderr_relay`)."""
+    forwarded = 0
+    stop_at: float | None = None
+    stage = 0
+    while True:
+        try:
+            res.returncode = proc.wait(timeout=0.1)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        while forwarded < len(signals):
+            sig = signal.SIGINT if forwarded < 2 else signal.SIGTERM
+            if forwarded == 0:
+                res.interrupted = {int(signal.SIGINT): "Ctrl-C", int(signal.SIGTERM): "SIGTERM"}.get(signals[0], str(signals[0]))
+                say(f"{res.interrupted}: stopping the program; every completed window is kept")
+            _killpg(proc.pid, sig)
+            forwarded += 1
+        if after == "stop" and stop_at is None and not res.interrupted and ranks_done(run_dir) and not _exiting(run_dir):
+            say("capture complete; stopping the program")
+            res.stopped = True
+            stop_at = time.monotonic()
+            relay.mute()
+            _killpg(proc.pid, signal.SIGINT)
+            stage = 1
+        if stop_at is not None:
+            waited = time.monotonic() - stop_at
+            if stage == 1 and waited > grace_s:
+                _killpg(proc.pid, signal.SIGTERM)
+                stage = 2
+            elif stage == 2 and waited > grace_s + 10 and ranks_done(run_dir):
+                _killpg(proc.pid, signal.SIGKILL)  # every trace is on disk
+                stage = 3
+    # the launcher exited; wait (briefly) for ranks that outlive it (their files are atomic either way)
+    t_end = time.monotonic() + 10
+    while not ranks_done(run_dir) and time.monotonic() < t_end and any(run_dir.glob("rank*.state.json")):
+        time.sleep(0.1)
+
+
+def _open_telemetry(telemetry: bool, nvml: Any, env: dict[str, str]) -> tuple[Any, dict[str, Any]]:
+    """The local GPUs' sampler (started) and its info; ``(None, reason)`` with ``--no-telemetry``."""
+    if not telemetry:
+        return None, {"available": False, "reason": "disabled (--no-telemetry)"}
+    from tracekit.capture.telemetry import LocalTelemetry
+
+    tel = LocalTelemetry(nvml=nvml, env=env)
+    if tel.open():
+        tel.start()
+    return tel, tel.info()
+
+
+def _program_quality(res: ProgramResult, prog: str, quality: QualityLog) -> None:
+    """How the program ended: interrupted by the user, stopped by tracekit (notes), or failed (a warning)."""
+    if res.interrupted:
+        quality.add("capture_interrupted", f"capture stopped early by {res.interrupted}; kept every completed window", severity="info")
+    elif res.stopped:
+        quality.add("capture_program_stopped", "program stopped after its capture was on disk (--after stop)", severity="info")
+    elif res.returncode not in (0, None):
+        quality.add("capture_program_failed", f"{prog} exited with code {res.returncode}")
+
+
 def run_external(
     cmd: Sequence[str],
     out: Path,
@@ -127,7 +193,7 @@ def run_external(
     """Run ``cmd`` under the capture hook, then write ``out`` (see the module docstring)."""
     from tracekit.capture.program_trace import assemble_program, step_regex
 
-    say = say or (lambda m: print(f"tracekit: {m}", flush=True))
+    say = say or (lambda m: print(f"tracekit: {m}", file=sys.stderr, flush=True))
     if after not in ("stop", "finish"):
         raise CaptureError(f"--after {after!r}: choose stop or finish")
     out = Path(out)
@@ -142,15 +208,7 @@ def run_external(
     run_dir = Path(tempfile.mkdtemp(prefix="tracekit-ext-"))
     env = program_env(run_dir, spec, step_re, module_context=module_context)
     quality = QualityLog()
-    tel = None
-    tel_info: dict[str, Any] = {"available": False, "reason": "disabled (--no-telemetry)"}
-    if telemetry:
-        from tracekit.capture.telemetry import LocalTelemetry
-
-        tel = LocalTelemetry(nvml=nvml, env=env)
-        if tel.open():
-            tel.start()
-        tel_info = tel.info()
+    tel, tel_info = _open_telemetry(telemetry, nvml, env)
     signals: list[int] = []
 
     def on_signal(sig: int, _f: Any) -> None:
@@ -159,58 +217,23 @@ def run_external(
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     res = ProgramResult(out=out, returncode=None)
     t_start = time.monotonic()
+    relay = StderrRelay()
     try:
         try:
-            proc = subprocess.Popen(list(cmd), env=env, start_new_session=True)
+            proc = subprocess.Popen(list(cmd), env=env, start_new_session=True, **relay.popen_kwargs())
         except OSError as e:
             raise CaptureError(f"{cmd[0]}: cannot start ({e}); check the command after --") from None
-        forwarded = 0
-        stop_at: float | None = None
-        stage = 0
-        while True:
-            try:
-                res.returncode = proc.wait(timeout=0.1)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            while forwarded < len(signals):
-                sig = signal.SIGINT if forwarded < 2 else signal.SIGTERM
-                if forwarded == 0:
-                    res.interrupted = {int(signal.SIGINT): "Ctrl-C", int(signal.SIGTERM): "SIGTERM"}.get(signals[0], str(signals[0]))
-                    say(f"{res.interrupted}: stopping the program; every completed window is kept")
-                _killpg(proc.pid, sig)
-                forwarded += 1
-            if after == "stop" and stop_at is None and ranks_done(run_dir) and not _exiting(run_dir):
-                say("capture complete; stopping the program (SIGINT)")
-                res.stopped = True
-                stop_at = time.monotonic()
-                _killpg(proc.pid, signal.SIGINT)
-                stage = 1
-            if stop_at is not None:
-                waited = time.monotonic() - stop_at
-                if stage == 1 and waited > grace_s:
-                    _killpg(proc.pid, signal.SIGTERM)
-                    stage = 2
-                elif stage == 2 and waited > grace_s + 10 and ranks_done(run_dir):
-                    _killpg(proc.pid, signal.SIGKILL)  # every trace is on disk
-                    stage = 3
-        # the launcher exited; wait (briefly) for ranks that outlive it (their files are atomic either way)
-        t_end = time.monotonic() + 10
-        while not ranks_done(run_dir) and time.monotonic() < t_end and any(run_dir.glob("rank*.state.json")):
-            time.sleep(0.1)
+        finally:
+            relay.started()
+        _supervise(proc, run_dir, res, signals, relay, after=after, grace_s=grace_s, say=say)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
         if tel is not None:
             tel.stop()
-    rc = res.returncode
+        relay.close()
     res.program_s = time.monotonic() - t_start
-    if res.interrupted:
-        quality.add("capture_interrupted", f"capture stopped early by {res.interrupted}; kept every completed window", severity="info")
-    elif res.stopped:
-        quality.add("capture_program_stopped", "program stopped after its capture was on disk (--after stop)", severity="info")
-    elif rc not in (0, None):
-        quality.add("capture_program_failed", f"{cmd[0]} exited with code {rc}")
+    _program_quality(res, cmd[0], quality)
     opts = {**spec.to_json(), "after": after, "steps_from": steps_from, "module_context": module_context,
             "program_s": round(res.program_s, 3)}
     say(f"program ran {res.program_s:.1f} s; converting")
@@ -225,5 +248,6 @@ def run_external(
             keep_raw.mkdir(parents=True, exist_ok=True)
             for f in run_dir.glob("rank*"):
                 shutil.copy2(f, keep_raw / f.name)
+            relay.save(keep_raw / "program.stderr-after-stop.log")
         shutil.rmtree(run_dir, ignore_errors=True)
     return res

@@ -7,7 +7,27 @@ from typing import Any
 
 from tracekit._errors import UsageError
 
-__all__ = ["CaptureOptions"]
+__all__ = ["CaptureOptions", "host_cores", "default_cpu_ranks", "MAX_DEFAULT_CPU_RANKS"]
+
+#: the built-in workload's default CPU rank count is at most this (more ranks add collectives, not insight)
+MAX_DEFAULT_CPU_RANKS = 8
+
+
+def host_cores() -> int:
+    """CPU cores this process may run on (its affinity mask; all cores where that is unknown)."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - non-Linux
+        return os.cpu_count() or 1
+
+
+def default_cpu_ranks(cores: int) -> int:
+    """Default gloo ranks on ``cores`` cores: one per 2 cores (a rank's forward thread and its gloo worker
+    each want a core), at least 2 (a tensor-parallel run needs two ranks for any collective) and at most
+    :data:`MAX_DEFAULT_CPU_RANKS`. On 2 cores: 2 ranks, so no rank waits for a core that another holds."""
+    return max(2, min(MAX_DEFAULT_CPU_RANKS, cores // 2))
 
 
 @dataclass
@@ -34,9 +54,13 @@ class CaptureOptions:
     delay_ms: float = 0.0
     delay_every: int = 1
     warmup_steps: int = 8
-    unprofiled_steps: int = 80  # recorded before the first profiler window (2 x 40 for replay calibration)
-    profile_steps: int = 5
-    profile_every: int = 200
+    #: steps recorded before the first profiler window; None: 80 with an explicit --profile-steps, else ~2 s of
+    #: steps (8 to 80); the steps between windows are unprofiled too (replay calibrates on 2 x 40 of them)
+    unprofiled_steps: int | None = None
+    #: steps per profiler window and the period in steps; None (default): from the measured step time, windows of
+    #: ~1 s, one every 3 window lengths (``profiler.auto_schedule``), so a 30 s run profiles a third of its steps
+    profile_steps: int | None = None
+    profile_every: int | None = None
     max_windows: int = 0
     min_steps: int = 0  # keep running past the duration until this many measured steps
     record_shapes: bool = False
@@ -62,9 +86,22 @@ class CaptureOptions:
             raise UsageError("--cuda-graphs needs GPUs; drop it for a CPU run")
         if self.cuda_graphs and (self.moe_impl != "grouped" or self.host_sync):
             raise UsageError("--cuda-graphs needs --moe-impl grouped without --host-sync (graphs cannot hold host syncs)")
-        if self.profile_steps > 0 and self.profile_every < self.profile_steps:
+        if self.unprofiled_steps is not None and self.unprofiled_steps < 0:
+            raise UsageError(f"--unprofiled-steps {self.unprofiled_steps}: must be >= 0")
+        if self.profile_steps is not None and self.profile_steps < 0:
+            raise UsageError(f"--profile-steps {self.profile_steps}: must be >= 0 (0: no profiler)")
+        if self.profile_every is not None and self.profile_every < 1:
+            raise UsageError(f"--profile-every {self.profile_every}: must be >= 1")
+        if self.profile_every is not None and self.profile_steps is None:
+            raise UsageError("--profile-every needs --profile-steps (without both, windows follow the step time)")
+        if self.profile_steps and self.profile_every is not None and self.profile_every < self.profile_steps:
             raise UsageError("--profile-every must be >= --profile-steps")
         return self
+
+    @property
+    def profiling(self) -> bool:
+        """Whether the ranks open profiler windows at all (``--profile-steps 0``: no)."""
+        return self.profile_steps is None or self.profile_steps > 0
 
     def with_(self, **kw: Any) -> "CaptureOptions":
         return replace(self, **kw)

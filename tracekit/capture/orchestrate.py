@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from tracekit import _env
 from tracekit._errors import CaptureError, OutputError, QualityLog, TracekitError, require
-from tracekit.capture.options import CaptureOptions
+from tracekit.capture.options import CaptureOptions, default_cpu_ranks, host_cores
 
 __all__ = ["CaptureResult", "run_builtin", "resolve_device", "STOP_SIGNALS"]
 
@@ -47,7 +47,10 @@ class CaptureResult:
 
 
 def resolve_device(device: str, ranks: int | None) -> tuple[str, int]:
-    """(device, world): ``auto`` picks all visible GPUs, else 8 CPU ranks."""
+    """(device, world): ``auto`` picks all visible GPUs, else CPU ranks; the default rank count is every GPU,
+    or on CPU one rank per 2 cores (:func:`~tracekit.capture.options.default_cpu_ranks`)."""
+    if device not in ("auto", "cuda", "cpu"):
+        raise CaptureError(f"--device {device!r}: choose auto, cuda or cpu")
     torch: Any = require("torch", "capture", "the built-in capture workload")
 
     n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -60,9 +63,7 @@ def resolve_device(device: str, ranks: int | None) -> tuple[str, int]:
         if world > n_gpu:
             raise CaptureError(f"--ranks {world}: only {n_gpu} GPUs visible; one rank per GPU")
         return device, world
-    if device != "cpu":
-        raise CaptureError(f"--device {device!r}: choose auto, cuda or cpu")
-    return device, ranks or 8
+    return device, ranks or default_cpu_ranks(host_cores())
 
 
 def _env_loopback() -> None:

@@ -14,13 +14,21 @@ real one with CUDA sync events enabled where the torch version supports them.
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
+import re
+import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["WindowSchedule", "ProfilerWindows", "torch_profiler_factory", "window_file"]
+__all__ = ["WindowSchedule", "ProfilerWindows", "torch_profiler_factory", "window_file", "auto_schedule",
+           "AUTO_WINDOW_S", "AUTO_EVERY", "AUTO_PRELUDE_S",
+           "quiet_profiler_log", "KINETO_CHATTER"]
 
 
 def window_file(out_dir: Path, rank: int, window: int) -> Path:
@@ -57,6 +65,69 @@ class WindowSchedule:
     def ends_after(self, step: int) -> bool:
         k = self.window_of(step)
         return k is not None and self.window_of(step + 1) != k
+
+
+#: an automatic window lasts about this long at the unprofiled step pace (bounded memory: one window at a time)
+AUTO_WINDOW_S = 1.0
+#: an automatic window starts every AUTO_EVERY window lengths: a third of the steps after the first window is
+#: profiled, more than a third of the wall time (profiled steps are slower and each export pauses the run)
+AUTO_EVERY = 3
+#: unprofiled steps before the first automatic window: about this long, at most AUTO_PRELUDE_MAX steps (the
+#: steps between windows are unprofiled too, so replay's 2 x 40 calibration steps come from both)
+AUTO_PRELUDE_S = 2.0
+AUTO_PRELUDE_MAX = 80
+
+
+def auto_schedule(step_s: float, *, first: int | None = None, max_windows: int = 0, window_s: float = AUTO_WINDOW_S,
+                  every: int = AUTO_EVERY, min_steps: int = 5, max_steps: int = 5000) -> WindowSchedule:
+    """The default schedule from the measured unprofiled step time ``step_s`` (seconds).
+
+    ``first`` unprofiled steps (None: ~:data:`AUTO_PRELUDE_S` of steps, 8 .. :data:`AUTO_PRELUDE_MAX`), then
+    windows of about ``window_s`` (``min_steps`` .. ``max_steps`` steps), one every ``every`` window lengths.
+    Every rank must pass the same ``step_s`` (the capture agrees on it with one collective), so they all open
+    and close each window at the same step.
+    """
+    ok = step_s > 0 and math.isfinite(step_s)
+    steps = max(min_steps, min(max_steps, int(window_s / step_s) if ok else min_steps))
+    if first is None:
+        first = max(8, min(AUTO_PRELUDE_MAX, int(AUTO_PRELUDE_S / step_s) if ok else AUTO_PRELUDE_MAX))
+    return WindowSchedule(first, steps, steps * max(1, every), max_windows)
+
+
+#: lines Kineto writes to stderr on every profiler start and stop (its USDT and STAGE levels, which its
+#: KINETO_LOG_LEVEL does not silence), and its error on a machine without a usable GPU driver or device
+#: (CUDA error 35 / 100, printed by a CUDA build of torch on a CPU-only machine at every stop)
+KINETO_CHATTER = re.compile(
+    rb"^(?:USDT|STAGE):\d{4}-\d\d-\d\d [\d:]+ \d+:\d+ [\w.]+:\d+\] "
+    rb"|^ERROR:\d{4}-\d\d-\d\d [\d:]+ \d+:\d+ [\w.]+:\d+\] gpuGetDeviceCount failed with code (?:35|100)\b")
+
+
+@contextlib.contextmanager
+def quiet_profiler_log() -> Iterator[None]:
+    """Run a profiler start/stop/export with the process' stderr (fd 2) held in a temporary file, then write
+    back every line but Kineto's chatter (:data:`KINETO_CHATTER`). Other threads' output in that time is kept,
+    only later. Where fd 2 cannot be redirected, the block runs as it is."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):
+        yield
+        return
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            keep = [ln for ln in tmp.read().splitlines(keepends=True) if not KINETO_CHATTER.match(ln)]
+            data = b"".join(keep)
+            with contextlib.suppress(OSError):
+                while data:
+                    data = data[os.write(2, data):]
 
 
 def torch_profiler_factory(*, cuda: bool, record_shapes: bool = False, with_stack: bool = False) -> Callable[[], Any]:

@@ -41,6 +41,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tracekit.capture.profiler import quiet_profiler_log
 from tracekit.capture.window import FileBoard, WindowController, WindowSpec
 from tracekit import _env
 
@@ -114,7 +115,8 @@ class TorchBackend:
     def start(self) -> None:
         self._sync()
         p = self.factory()
-        p.start()
+        with quiet_profiler_log():
+            p.start()
         self.prof = p
 
     def stop_export(self, k: int) -> dict[str, Any]:
@@ -126,9 +128,10 @@ class TorchBackend:
             busy.write_text(str(k))
             t0 = time.perf_counter()
             self._sync()
-            p.stop()
-            t1 = time.perf_counter()
-            p.export_chrome_trace(str(part))
+            with quiet_profiler_log():
+                p.stop()
+                t1 = time.perf_counter()
+                p.export_chrome_trace(str(part))
             os.replace(part, final)
             t2 = time.perf_counter()
             busy.unlink(missing_ok=True)
@@ -278,7 +281,8 @@ def install(t0_ns: int | None = None) -> bool:
                 ctl.errors.append("a profiler window was interrupted as it opened; stopped without export")
                 with deferred_signals(deliver=False):
                     try:
-                        backend.prof.stop()
+                        with quiet_profiler_log():
+                            backend.prof.stop()
                     except Exception:  # noqa: BLE001
                         pass
                 backend.prof = None

@@ -92,6 +92,19 @@ def rank_main(rank: int, opts: Any, run_dir: str, store_path: str, stop_event: A
     os._exit(0)  # skip interpreter teardown (CUDA/NCCL destructors can block); everything is on disk
 
 
+def _agreed_schedule(opts: Any, step_s: float, ctrl: Any) -> Any:
+    """The automatic window schedule from the slowest rank's warm-up step time (one MAX allreduce on the
+    control group, so every rank computes the same schedule)."""
+    import torch
+    import torch.distributed as dist
+
+    from tracekit.capture.profiler import auto_schedule
+
+    t = torch.tensor([step_s], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctrl)
+    return auto_schedule(float(t[0]), first=opts.unprofiled_steps, max_windows=opts.max_windows)
+
+
 def _write_extra(run: Path, rank: int, out: dict[str, Any]) -> None:
     tmp = extra_file(run, rank).with_suffix(".tmp")
     tmp.write_text(json.dumps(out, default=str))
@@ -141,8 +154,14 @@ def _run(rank: int, opts: Any, run: Path, store_path: str, stop_event: Any, queu
     meta["model"] = mcfg.to_json()
     meta["serve"] = scfg.to_json()
     meta["grouped_mm"] = bool(model.use_grouped_mm)
-    for _ in range(opts.warmup_steps):
+    t_warm = time.perf_counter()
+    for i in range(opts.warmup_steps):
+        if i == opts.warmup_steps // 2:  # the later half of the warm-up is the steady step time
+            sync()
+            t_warm = time.perf_counter()
         loop.step()
+    sync()
+    warm_step_s = (time.perf_counter() - t_warm) / max(1, opts.warmup_steps - opts.warmup_steps // 2)
     if scfg.cuda_graphs:
         meta["cuda_graphs"] = loop.capture_graphs()
     sync()
@@ -150,8 +169,10 @@ def _run(rank: int, opts: Any, run: Path, store_path: str, stop_event: Any, queu
     loop.step_index = 0
 
     recorder = StepRecorder(rank=rank)
+    auto = opts.profile_steps is None  # the schedule follows the step time, agreed on before the first step
     windows = ProfilerWindows(
-        WindowSchedule(opts.unprofiled_steps, opts.profile_steps, opts.profile_every, opts.max_windows),
+        WindowSchedule(80 if opts.unprofiled_steps is None else opts.unprofiled_steps, 0 if auto else opts.profile_steps,
+                       opts.profile_every or opts.profile_steps or 1, opts.max_windows),
         run,
         rank,
         torch_profiler_factory(cuda=cuda, record_shapes=opts.record_shapes),
@@ -159,7 +180,7 @@ def _run(rank: int, opts: Any, run: Path, store_path: str, stop_event: Any, queu
         sync=sync,
     )
     recorder.profiled = lambda: windows.recording
-    if opts.profile_steps > 0:
+    if opts.profiling:
         # the first profiler start initialises Kineto/CUPTI (seconds): pay it before the measured loop
         warm = windows.factory()
         warm.start()
@@ -203,6 +224,10 @@ def _run(rank: int, opts: Any, run: Path, store_path: str, stop_event: Any, queu
                     break
             if opts.crash_rank == rank and step == opts.crash_step:
                 os._exit(3)  # testing: a rank dies without saying goodbye
+            if auto and step == 0:
+                windows.schedule = _agreed_schedule(opts, warm_step_s, ctrl)
+                meta["schedule"] = {"first": windows.schedule.first, "steps": windows.schedule.steps,
+                                    "every": windows.schedule.every, "warmup_step_s": warm_step_s}
             windows.before_step(step)
             loop.step()
             windows.after_step(step)

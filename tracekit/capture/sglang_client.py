@@ -437,6 +437,12 @@ def _is_local(url: str) -> bool:
     return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
 
 
+def level_outputs(out: Path, levels: Sequence[int]) -> list[Path]:
+    """The files a capture with these load levels writes: ``out`` itself, or ``<stem>-load<N>.parquet`` per level
+    when there are several."""
+    return [_level_out(Path(out), lv, len(levels) > 1) for lv in (list(levels) or [0])]
+
+
 def _level_out(out: Path, level: int, many: bool) -> Path:
     if not many:
         return out
@@ -551,8 +557,7 @@ def capture_sglang(
     say = log or (warn if progress else (lambda m: None))
     out = Path(out)
     levels = parse_levels(load) if not isinstance(load, (list, tuple)) else [int(x) for x in load]
-    many = len(levels) > 1
-    outs = [_level_out(out, lv, many) for lv in (levels or [0])]
+    outs = level_outputs(out, levels)
     for o in outs:
         if o.exists() and not force:
             raise OutputError(f"{o}: exists; pass --force to overwrite")

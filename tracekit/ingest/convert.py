@@ -371,9 +371,11 @@ def _world_meta(metas: list[dict[str, Any]], ranks: list[int], quality: QualityL
     return {"world_size": ws, "ranks": per_rank}
 
 
-def _inputs(inputs: Sequence[str | Path], out: Path, rules: str | Path | RuleSet | None) -> tuple[list[Source], str | None, int]:
-    """The sources (none of them the output), the rules file (validated) and the input bytes; every input noted."""
-    sources = discover(inputs)
+def _inputs(inputs: Sequence[str | Path], out: Path, rules: str | Path | RuleSet | None,
+            skipped: list[tuple[Path, str]]) -> tuple[list[Source], str | None, int]:
+    """The sources (none of them the output), the rules file (validated) and the input bytes; every input noted.
+    Files in an input directory that are no trace go to ``skipped`` (:func:`tracekit.ingest.discover.discover`)."""
+    sources = discover(inputs, skipped)
     for s in sources:
         if s.path.resolve() == out.resolve():
             raise InputError(f"{out}: the output would overwrite an input; choose another -o")
@@ -436,12 +438,15 @@ def convert(
     tune_runtime()
     compile_steps_from(steps_from)
     out = Path(out)
-    sources, rules_path, in_bytes = _inputs(inputs, out, rules)
+    skipped: list[tuple[Path, str]] = []
+    sources, rules_path, in_bytes = _inputs(inputs, out, rules, skipped)
     if layout not in ("file", "dataset"):
         raise UsageError(f"--layout {layout!r}: must be file or dataset")
     # refuse early (before the work) when the output exists, is an input, a device/FIFO/directory, or cannot be written
     check_dataset_output(out, force=force) if layout == "dataset" else check_output_path(out, force=force)
     quality = QualityLog()
+    for path, why in skipped:
+        quality.add("input_skipped", f"{path}: skipped, {why}", path=str(path))
     out_dir = str(out.parent if str(out.parent) else ".")
     remove_stale_parts(out_dir)  # left by killed conversions (tracekit.ingest.staging)
     metas: list[dict[str, Any]] = []

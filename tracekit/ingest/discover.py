@@ -11,9 +11,11 @@ trace's own ``distributedInfo.rank`` wins):
 
 from __future__ import annotations
 
+import gzip
 import os
 import re
 import stat
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -21,11 +23,13 @@ from typing import Sequence
 from tracekit._errors import InputError, os_reason
 from tracekit.sglang_names import SGLANG_NAME
 
-__all__ = ["Source", "discover", "rank_from_name", "SGLANG_NAME"]
+__all__ = ["Source", "discover", "rank_from_name", "SGLANG_NAME", "not_a_trace"]
 
 _RANK = re.compile(r"(?:^|[^a-z])rank[-_]?(\d+)", re.IGNORECASE)
 _WINDOW = re.compile(r"\.win(\d+)\.", re.IGNORECASE)
 _JSON_SUFFIXES = (".json", ".json.gz")
+#: bytes of a JSON file read to tell whether it can be a Kineto trace
+_SNIFF_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -107,30 +111,78 @@ def _check_source(s: Source) -> Source:
     return s
 
 
-def discover(inputs: Sequence[str | Path]) -> list[Source]:
-    """Expand files/dirs into sources. Raises InputError for missing paths or nothing found."""
+def not_a_trace(p: Path, fmt: str) -> str | None:
+    """Why a file of format ``fmt`` found in a directory is clearly no trace, or None when it may be one.
+
+    Kineto JSON (``.json`` / ``.json.gz``): empty, not a JSON object (a list of settings, other data), or an
+    object without ``traceEvents`` in a file read to its end (a PyTorch execution trace, a config). Other
+    formats, unreadable or corrupt files: None (the reader gives its own one-line error for them)."""
+    if fmt != "kineto":
+        return None
+    try:
+        with (gzip.open(p, "rb") if p.name.endswith(".gz") else open(p, "rb")) as f:
+            head = f.read(_SNIFF_BYTES)
+            whole = not f.read(1)
+    except (OSError, EOFError, zlib.error):
+        return None
+    body = head.lstrip()
+    if not body and whole:
+        return "an empty file"
+    if body[:1] not in (b"{", b""):
+        return "JSON that is not an object (a Kineto trace is {\"traceEvents\": [...]})"
+    if whole and b'"traceEvents"' not in head:
+        return "no 'traceEvents' key (not a Kineto/Chrome trace, e.g. an execution trace or a config)"
+    return None
+
+
+def _dir_sources(p: Path, skipped: list[tuple[Path, str]]) -> list[Source]:
+    """The trace files in directory ``p``; every other (non-hidden) file is appended to ``skipped`` with why."""
+    try:
+        children = sorted(p.iterdir())
+    except OSError as e:
+        raise InputError(f"{p}: cannot list the directory {os_reason(e, writing=False)}") from None
+    found: list[Source] = []
+    mine: list[tuple[Path, str]] = []
+    for child in children:
+        if child.name.startswith("."):
+            continue
+        try:
+            s = _classify(child)
+        except OSError as e:  # a symlink loop named like a directory entry
+            raise InputError(f"{child}: cannot read {os_reason(e, writing=False)}") from None
+        if s is None:
+            if child.is_file():
+                mine.append((child, "not a trace format tracekit reads"))
+            continue
+        why = not_a_trace(child, s.fmt) if child.is_file() else None
+        if why:
+            mine.append((child, why))
+        else:
+            found.append(_check_source(s))
+    if not found:
+        if mine:
+            listed = "; ".join(f"{c.name}: {w}" for c, w in mine[:3]) + (f"; and {len(mine) - 3} more" if len(mine) > 3 else "")
+            raise InputError(f"{p}: no trace files in this directory, only unsupported ones ({listed}); "
+                             "pass a directory of Kineto JSON (.json, .json.gz), nsys .sqlite or nsys parquetdir exports")
+        raise InputError(f"{p}: no trace files in this directory (it holds no files); expected Kineto JSON (.json, .json.gz), "
+                         "nsys .sqlite or an nsys parquetdir")
+    skipped.extend(mine)
+    return found
+
+
+def discover(inputs: Sequence[str | Path], skipped: list[tuple[Path, str]] | None = None) -> list[Source]:
+    """Expand files/dirs into sources. Raises InputError for missing paths or nothing found.
+
+    In a directory, files that are no trace (other formats; JSON that is clearly not a Kineto trace,
+    :func:`not_a_trace`) are skipped and appended to ``skipped`` as ``(path, why)``, unless the directory
+    holds nothing else (then an InputError lists them). A file given by name is read or refused, never skipped."""
     out: list[Source] = []
+    skip: list[tuple[Path, str]] = skipped if skipped is not None else []
     for raw in inputs:
         p = Path(raw)
         st = _stat(p)
         if stat.S_ISDIR(st.st_mode) and not _is_nsys_dir(p):
-            found = []
-            try:
-                children = sorted(p.iterdir())
-            except OSError as e:
-                raise InputError(f"{p}: cannot list the directory {os_reason(e, writing=False)}") from None
-            for child in children:
-                if child.name.startswith("."):
-                    continue
-                try:
-                    s = _classify(child)
-                except OSError as e:  # a symlink loop named like a directory entry
-                    raise InputError(f"{child}: cannot read {os_reason(e, writing=False)}") from None
-                if s is not None:
-                    found.append(_check_source(s))
-            if not found:
-                raise InputError(f"{p}: no trace files (*.json, *.json.gz, *.sqlite, nsys parquetdir) in this directory")
-            out.extend(found)
+            out.extend(_dir_sources(p, skip))
         else:
             s = _classify(p)
             if s is None:

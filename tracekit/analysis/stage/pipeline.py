@@ -421,8 +421,8 @@ def _result(meta: Mapping[str, Any], win: Window, bd: Any, totals: pl.DataFrame 
     res.update(extra)
     # one ranker for every finding (tracekit.analysis.findings); without the cross-rank pass, the breakdown's own
     base = basic_candidates(res, meta)
-    if cands is not None:
-        base = [f for f in base if f.headline]
+    if cands is not None:  # the cross-rank pass has its own idle sentences: keep the headline and what dominates
+        base = [f for f in base if f.headline or f.code == "dominant"]
     resid = ((res.get("collectives") or {}).get("clock_alignment") or {}).get("residual_ns")
     res["findings"] = rank_findings(base + list(cands or []), residual_ns=resid)
     res["quality"] = _once([q.to_json() for q in quality])
