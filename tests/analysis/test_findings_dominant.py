@@ -82,7 +82,7 @@ def test_dominant_words_per_kind():
     c = dominant_candidates(res(comm_transfer=300, comm_wait=250, moe_gemm=400, idle=50))[0].text
     assert c.startswith("Communication dominates") and "30% transfer, 25% waiting" in c and "ncclKernel_AllReduce" in c
     i = dominant_candidates(res(moe_gemm=100, idle=700))[0].text
-    assert i.startswith("Idle dominates") and "host_sync" in i
+    assert i.startswith("Idle dominates") and "by cause: host_sync 30%, launch_bound 10%" in i
     m = dominant_candidates(res(moe_gemm=300, attention=200, memory=100, idle=100))[0].text
     assert m.startswith("Compute dominates") and "moe_gemm at 30%" in m
     assert dominant_candidates({"overall": {"window_ns": 0, "time_ns": {}}}) == []

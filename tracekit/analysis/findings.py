@@ -133,14 +133,13 @@ def _top_op(res: Mapping[str, Any], cats: Iterable[str]) -> tuple[str, int, int]
     return str(r["name"]), int(r.get("total_ns") or 0), int(r.get("count") or 0)
 
 
-def _top_cause(res: Mapping[str, Any]) -> tuple[str, int] | None:
-    """The idle cause with the most time over all ranks (``idle_causes_ns``)."""
+def _idle_causes(res: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """Idle causes with their time over all ranks (``idle_causes_ns``), largest first."""
     tot: dict[str, int] = {}
     for causes in (res.get("idle_causes_ns") or {}).values():
         for c, v in (causes or {}).items():
             tot[c] = tot.get(c, 0) + int(v or 0)
-    best = max(tot.items(), key=lambda kv: kv[1], default=None)
-    return best if best and best[1] > 0 else None
+    return sorted(((c, v) for c, v in tot.items() if v > 0), key=lambda cv: -cv[1])
 
 
 def dominant_candidates(res: Mapping[str, Any]) -> list[Finding]:
@@ -169,9 +168,8 @@ def dominant_candidates(res: Mapping[str, Any]) -> list[Finding]:
         lead = f"; the largest is {_short(top[0])}: {_dur(top[1])} in {top[2]} call(s)" if top else ""
         text = f"Communication dominates: collectives take {pct} {of} over all ranks{split}{lead}."
     elif kind == "idle":
-        cause = _top_cause(res)
-        words = ((_CPU_WORDS if cpu and cause[0] in _CPU_WORDS else _IDLE_WORDS).get(cause[0], cause[0])) if cause else ""
-        lead = f"; the largest cause is {cause[0]} ({_dur(cause[1])}): {words}" if cause else ""
+        causes = ", ".join(f"{c} {100 * n / w:.0f}%" for c, n in _idle_causes(res)[:3] if n / w >= 0.005)
+        lead = f"; by cause: {causes}" if causes else ""
         text = f"Idle dominates: {'the ranks run no operator' if cpu else 'the GPUs run nothing'} {pct} of the window over all ranks{lead}."
     else:
         comp = {k: int(x or 0) for k, x in t.items() if k != "idle" and k not in _COPY_BUCKETS and k not in _COMM_BUCKETS}
