@@ -63,22 +63,32 @@ def newest_cpu_build(versions: list[str]) -> str | None:
     return max(cpu, key=_version_key) if cpu else None
 
 
-def offered_versions(python: str) -> list[str]:
-    """The torch versions pip's configured sources offer (index, extra indexes, find-links)."""
-    r = subprocess.run([python, "-m", "pip", "index", "versions", "torch"], capture_output=True, text=True, timeout=300)
+def offered_versions(python: str, index: str | None = None) -> list[str]:
+    """The torch versions pip's configured sources offer (index, extra indexes, find-links), or ``index``'s."""
+    extra = ["--index-url", index] if index else []
+    try:
+        r = subprocess.run([python, "-m", "pip", "index", "versions", "torch", *extra], capture_output=True, text=True,
+                           timeout=300)
+    except subprocess.TimeoutExpired:
+        return []
     m = re.search(r"Available versions:\s*(.+)", r.stdout)
     return [v.strip() for v in m.group(1).split(",")] if m else []
 
 
-def plan(*, have_torch: str | None, gpu: bool, offered: list[str], extras: str, torch_index: str) -> list[list[str]]:
-    """The pip commands (arguments after ``pip install``) that install tracekit; see the module docstring."""
+def plan(*, have_torch: str | None, gpu: bool, offered: list[str], index_offered: list[str], extras: str,
+         torch_index: str) -> list[str] | None:
+    """The arguments of the one ``pip install`` that installs tracekit (module docstring); None when no CPU-only
+    torch can be had. ``offered``: versions pip's sources offer; ``index_offered``: those of ``torch_index``."""
     project = ["-e", f"{ROOT}[{extras}]" if extras else str(ROOT)]
     if have_torch or gpu or "capture" not in extras.split(","):
-        return [project]
+        return project
     build = newest_cpu_build(offered)
-    if build:
-        return [[f"torch=={build}", *project]]  # one resolution: the CPU build satisfies the extra's torch>=2.4
-    return [["torch", "--index-url", torch_index], project]
+    if build:  # one resolution: the pinned CPU build satisfies the extra's torch>=2.4
+        return [f"torch=={build}", *project]
+    build = newest_cpu_build(index_offered)
+    if build:  # the CPU index for torch only: a +cpu version exists nowhere else
+        return [f"torch=={build}", *project, "--extra-index-url", torch_index]
+    return None
 
 
 def _pip(python: str, args: list[str], dry_run: bool) -> int:
@@ -112,21 +122,24 @@ def main(argv: list[str] | None = None) -> int:
         print("install.py: note: not in a virtual environment; installing into " + sys.prefix, file=sys.stderr)
     have = torch_installed(python)
     gpu = a.gpu or (not a.cpu and nvidia_gpu())
-    offered = [] if have or gpu else offered_versions(python)
-    steps = plan(have_torch=have, gpu=gpu, offered=offered, extras=a.extras, torch_index=a.torch_index)
+    need_cpu = not have and not gpu and "capture" in a.extras.split(",")
+    offered = offered_versions(python) if need_cpu else []
+    index_offered = offered_versions(python, a.torch_index) if need_cpu and not newest_cpu_build(offered) else []
+    args = plan(have_torch=have, gpu=gpu, offered=offered, index_offered=index_offered, extras=a.extras,
+                torch_index=a.torch_index)
     if have:
         print(f"install.py: keeping the installed torch {have}")
     elif gpu:
         print("install.py: NVIDIA GPU found: torch from the package index (CUDA build)")
-    else:
+    elif need_cpu:
         print("install.py: no GPU and no torch: a CPU-only torch (no CUDA libraries)")
-    for i, args in enumerate(steps):
-        if _pip(python, args, a.dry_run) != 0:
-            if "--index-url" in args:
-                print(f"install.py: error: no CPU-only torch could be installed from {a.torch_index} and pip's sources "
-                      "offer none; install torch first (e.g. pip install torch --index-url URL-of-a-mirror), or pass "
-                      "--gpu to take the default build with its CUDA libraries (about 5 GB), then rerun", file=sys.stderr)
-            return 1
+    if args is None:
+        print(f"install.py: error: no CPU-only torch is offered by pip's sources or {a.torch_index}; install torch "
+              "first (e.g. pip install torch --index-url URL-of-a-mirror), or pass --gpu to take the default build "
+              "with its CUDA libraries (about 5 GB), then rerun", file=sys.stderr)
+        return 1
+    if _pip(python, args, a.dry_run) != 0:
+        return 1
     if not a.dry_run:
         print(f"install.py: done; {sys.prefix} holds {_size(Path(sys.prefix))}")
     return 0

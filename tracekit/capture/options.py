@@ -54,11 +54,11 @@ class CaptureOptions:
     delay_ms: float = 0.0
     delay_every: int = 1
     warmup_steps: int = 8
-    #: steps recorded before the first profiler window; None: 80 with an explicit --profile-steps, else ~2 s of
+    #: steps recorded before the first profiler window; None: 80 with an explicit --profile-steps, else ~3 s of
     #: steps (8 to 80); the steps between windows are unprofiled too (replay calibrates on 2 x 40 of them)
     unprofiled_steps: int | None = None
-    #: steps per profiler window and the period in steps; None (default): from the measured step time, windows of
-    #: ~1 s, one every 3 window lengths (``profiler.auto_schedule``), so a 30 s run profiles a third of its steps
+    #: steps per profiler window and the period in steps; None (default): windows by time, ~1 s each, holding
+    #: about a third of the wall time (``profiler.AutoWindows``; rank 0 decides, every rank applies)
     profile_steps: int | None = None
     profile_every: int | None = None
     max_windows: int = 0

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["WindowSchedule", "ProfilerWindows", "torch_profiler_factory", "window_file", "auto_schedule",
-           "AUTO_WINDOW_S", "AUTO_EVERY", "AUTO_PRELUDE_S",
+__all__ = ["WindowSchedule", "ProfilerWindows", "torch_profiler_factory", "window_file", "AutoWindows", "auto_prelude",
+           "AUTO_WINDOW_S", "AUTO_SHARE", "AUTO_PRELUDE_S", "OPEN", "CLOSE",
            "quiet_profiler_log", "KINETO_CHATTER"]
 
 
@@ -67,31 +67,64 @@ class WindowSchedule:
         return k is not None and self.window_of(step + 1) != k
 
 
-#: an automatic window lasts about this long at the unprofiled step pace (bounded memory: one window at a time)
+#: an automatic window records about this long (wall time; bounded memory: one window at a time)
 AUTO_WINDOW_S = 1.0
-#: an automatic window starts every AUTO_EVERY window lengths: a third of the steps after the first window is
-#: profiled, more than a third of the wall time (profiled steps are slower and each export pauses the run)
-AUTO_EVERY = 3
-#: unprofiled steps before the first automatic window: about this long, at most AUTO_PRELUDE_MAX steps (the
-#: steps between windows are unprofiled too, so replay's 2 x 40 calibration steps come from both)
-AUTO_PRELUDE_S = 2.0
+#: automatic windows aim at this share of the wall time: the next one opens once the last window's length is
+#: this share of the time since it opened (its stop and export count against the gap; when they alone take
+#: longer, the next window opens right after them)
+AUTO_SHARE = 1 / 3
+#: unprofiled steps before the first automatic window: about this long, at most AUTO_PRELUDE_MAX steps (replay
+#: calibrates on 2 x 40 unprofiled steps)
+AUTO_PRELUDE_S = 3.0
 AUTO_PRELUDE_MAX = 80
+OPEN, CLOSE = 1, 2
 
 
-def auto_schedule(step_s: float, *, first: int | None = None, max_windows: int = 0, window_s: float = AUTO_WINDOW_S,
-                  every: int = AUTO_EVERY, min_steps: int = 5, max_steps: int = 5000) -> WindowSchedule:
-    """The default schedule from the measured unprofiled step time ``step_s`` (seconds).
-
-    ``first`` unprofiled steps (None: ~:data:`AUTO_PRELUDE_S` of steps, 8 .. :data:`AUTO_PRELUDE_MAX`), then
-    windows of about ``window_s`` (``min_steps`` .. ``max_steps`` steps), one every ``every`` window lengths.
-    Every rank must pass the same ``step_s`` (the capture agrees on it with one collective), so they all open
-    and close each window at the same step.
-    """
+def auto_prelude(step_s: float, *, prelude_s: float = AUTO_PRELUDE_S) -> int:
+    """Unprofiled steps before the first automatic window, from the warm-up step time (8 .. AUTO_PRELUDE_MAX)."""
     ok = step_s > 0 and math.isfinite(step_s)
-    steps = max(min_steps, min(max_steps, int(window_s / step_s) if ok else min_steps))
-    if first is None:
-        first = max(8, min(AUTO_PRELUDE_MAX, int(AUTO_PRELUDE_S / step_s) if ok else AUTO_PRELUDE_MAX))
-    return WindowSchedule(first, steps, steps * max(1, every), max_windows)
+    return max(8, min(AUTO_PRELUDE_MAX, int(prelude_s / step_s) if ok else AUTO_PRELUDE_MAX))
+
+
+@dataclass
+class AutoWindows:
+    """The leader's window decisions when no ``--profile-steps`` is given (pure: times are passed in).
+
+    :meth:`decide` at a control step says OPEN, CLOSE or 0; the capture tells every rank through its control
+    collective, so all open and close each window at the same step. A window closes once it has recorded
+    ``window_s``; the next opens when the last window is ``share`` of the time from its start to now, or
+    right after its stop and export when those took longer. Over a capture the windows hold about ``share`` of
+    the wall time, less where stopping and exporting a window costs more than ``(1 / share - 1)`` windows.
+    """
+
+    first: int
+    window_s: float = AUTO_WINDOW_S
+    share: float = AUTO_SHARE
+    max_windows: int = 0
+    n: int = 0
+    opened_at: float | None = None
+    last_open: float = 0.0
+    last_len: float = 0.0
+    exported_at: float | None = None
+
+    def decide(self, step: int, now: float, recording: bool) -> int:
+        if recording:
+            return CLOSE if self.opened_at is not None and now - self.opened_at >= self.window_s else 0
+        if step < self.first or (self.max_windows and self.n >= self.max_windows):
+            return 0
+        if self.exported_at is None:
+            return OPEN
+        due = self.last_open + self.last_len / self.share
+        return OPEN if now >= max(due, self.exported_at) else 0
+
+    def opened(self, now: float) -> None:
+        self.opened_at, self.n = now, self.n + 1
+
+    def closed(self, stopped_at: float, exported_at: float) -> None:
+        """The window was stopped at ``stopped_at`` and its export finished at ``exported_at``."""
+        if self.opened_at is not None:
+            self.last_open, self.last_len = self.opened_at, stopped_at - self.opened_at
+        self.opened_at, self.exported_at = None, exported_at
 
 
 #: lines Kineto writes to stderr on every profiler start and stop (its USDT and STAGE levels, which its
@@ -179,15 +212,21 @@ class ProfilerWindows:
 
     def before_step(self, step: int) -> None:
         if self._prof is None and self.schedule.starts_at(step):
-            self.sync()
-            self.barrier()
-            prof = self.factory()
-            prof.start()
-            # the window is the time the profiler records: from when start() returns to when stop() is called
-            # (kineto's stop takes tens of ms; stamping after it put ~35 ms of unrecorded time, read as host idle,
-            # at the end of every window of the built-in workload on an H200)
-            self._t0 = self.clock()
-            self._prof, self._k = prof, self.schedule.window_of(step)
+            self.open(self.schedule.window_of(step) or 0)
+
+    def open(self, k: int) -> None:
+        """Start window ``k`` now (every rank calls it at the same step: the barrier aligns them)."""
+        if self._prof is not None:
+            return
+        self.sync()
+        self.barrier()
+        prof = self.factory()
+        prof.start()
+        # the window is the time the profiler records: from when start() returns to when stop() is called
+        # (kineto's stop takes tens of ms; stamping after it put ~35 ms of unrecorded time, read as host idle,
+        # at the end of every window of the built-in workload on an H200)
+        self._t0 = self.clock()
+        self._prof, self._k = prof, k
 
     def after_step(self, step: int) -> None:
         if self._prof is not None and self.schedule.ends_after(step):

@@ -24,7 +24,7 @@ import time
 import traceback
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 __all__ = ["rank_main", "extra_file"]
 
@@ -92,17 +92,50 @@ def rank_main(rank: int, opts: Any, run_dir: str, store_path: str, stop_event: A
     os._exit(0)  # skip interpreter teardown (CUDA/NCCL destructors can block); everything is on disk
 
 
-def _agreed_schedule(opts: Any, step_s: float, ctrl: Any) -> Any:
-    """The automatic window schedule from the slowest rank's warm-up step time (one MAX allreduce on the
-    control group, so every rank computes the same schedule)."""
-    import torch
-    import torch.distributed as dist
+class _Control:
+    """The control step, every ``control_every`` steps: one MAX allreduce of ``[stop, window command]`` on the
+    control group. Rank 0 asks to stop once the duration is over and, without ``--profile-steps``, to open or
+    close a profiler window (:class:`~tracekit.capture.profiler.AutoWindows`); any rank asks to stop on Ctrl-C
+    or SIGTERM. Every rank applies the result at the same step."""
 
-    from tracekit.capture.profiler import auto_schedule
+    def __init__(self, rank: int, opts: Any, windows: Any, ctrl: Any, stop_event: Any, auto: Any) -> None:
+        import torch
 
-    t = torch.tensor([step_s], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctrl)
-    return auto_schedule(float(t[0]), first=opts.unprofiled_steps, max_windows=opts.max_windows)
+        self.rank, self.opts, self.windows, self.ctrl, self.stop_event, self.auto = rank, opts, windows, ctrl, stop_event, auto
+        self.flag = torch.zeros(2, dtype=torch.int32)
+        self.t0 = time.time_ns()
+        self.k = 0  # windows opened by command
+
+    def __call__(self, step: int) -> str | None:
+        """The stop reason ("duration", "interrupted") when the ranks agreed to stop at this step, else None."""
+        import torch.distributed as dist
+
+        from tracekit.capture.profiler import CLOSE, OPEN
+
+        if step % max(1, self.opts.control_every):
+            return None
+        want, cmd = 0, 0
+        if _TERM or self.stop_event.is_set():
+            want = 2
+        elif self.rank == 0 and (time.time_ns() - self.t0) / 1e9 >= self.opts.duration_s and step >= self.opts.min_steps:
+            want = 1
+        if self.auto is not None and self.rank == 0:
+            cmd = self.auto.decide(step, time.monotonic(), self.windows.recording)
+        self.flag[0], self.flag[1] = want, cmd
+        dist.all_reduce(self.flag, op=dist.ReduceOp.MAX, group=self.ctrl)
+        if int(self.flag[0]):
+            return "interrupted" if int(self.flag[0]) == 2 else "duration"
+        if int(self.flag[1]) == OPEN:
+            self.windows.open(self.k)
+            self.k += 1
+            if self.auto is not None:
+                self.auto.opened(time.monotonic())
+        elif int(self.flag[1]) == CLOSE:
+            stopped = time.monotonic()
+            self.windows.close()
+            if self.auto is not None:
+                self.auto.closed(stopped, time.monotonic())
+        return None
 
 
 def _write_extra(run: Path, rank: int, out: dict[str, Any]) -> None:
@@ -111,16 +144,11 @@ def _write_extra(run: Path, rank: int, out: dict[str, Any]) -> None:
     os.replace(tmp, extra_file(run, rank))
 
 
-def _run(rank: int, opts: Any, run: Path, store_path: str, stop_event: Any, queue: Any, out: dict[str, Any]) -> None:
+def _init_dist(rank: int, opts: Any, store_path: str, meta: dict[str, Any]) -> tuple[Any, Any, Callable[[], None]]:
+    """Device, process group (NCCL or gloo, FileStore rendezvous) and the gloo control group; (device, ctrl, sync)."""
     import torch
     import torch.distributed as dist
     from datetime import timedelta
-
-    from tracekit.capture.instrument import StepRecorder, instrument_forward
-    from tracekit.capture.profiler import ProfilerWindows, WindowSchedule, torch_profiler_factory
-    from tracekit.capture.telemetry import TelemetrySampler
-    from tracekit.workloads.moe import TPMoEModel
-    from tracekit.workloads.serving import DelayInjector, ServingLoop
 
     cuda = opts.device == "cuda"
     if cuda:
@@ -135,7 +163,6 @@ def _run(rank: int, opts: Any, run: Path, store_path: str, stop_event: Any, queu
     kw: dict[str, Any] = {"device_id": device} if cuda else {}
     dist.init_process_group(backend, store=store, rank=rank, world_size=opts.world, timeout=timeout, **kw)
     ctrl = dist.new_group(backend="gloo", timeout=timeout) if cuda else dist.new_group(backend="gloo")
-    meta = out["meta"]
     meta.update({"backend": backend, "device": str(device), "pid": os.getpid(), "torch": torch.__version__})
     if cuda:
         meta["device_name"] = torch.cuda.get_device_name(device)
@@ -144,6 +171,14 @@ def _run(rank: int, opts: Any, run: Path, store_path: str, stop_event: Any, queu
         if cuda:
             torch.cuda.synchronize()
 
+    return device, ctrl, sync
+
+
+def _build_loop(rank: int, opts: Any, device: Any, sync: Callable[[], None], meta: dict[str, Any]) -> tuple[Any, Any, Any, float]:
+    """The workload, warmed up (faults off): (serving loop, delay injector, delay rank to enable, warm-up step s)."""
+    from tracekit.workloads.moe import TPMoEModel
+    from tracekit.workloads.serving import DelayInjector, ServingLoop
+
     mcfg, scfg = _model_cfg(opts), _serve_cfg(opts)
     t_init = time.perf_counter()
     model = TPMoEModel(mcfg, rank, opts.world, device)
@@ -151,9 +186,7 @@ def _run(rank: int, opts: Any, run: Path, store_path: str, stop_event: Any, queu
     enabled_delay = delay.delay_rank
     delay.delay_rank = None  # no faults during warm-up
     loop = ServingLoop(model, scfg, delay)
-    meta["model"] = mcfg.to_json()
-    meta["serve"] = scfg.to_json()
-    meta["grouped_mm"] = bool(model.use_grouped_mm)
+    meta.update({"model": mcfg.to_json(), "serve": scfg.to_json(), "grouped_mm": bool(model.use_grouped_mm)})
     t_warm = time.perf_counter()
     for i in range(opts.warmup_steps):
         if i == opts.warmup_steps // 2:  # the later half of the warm-up is the steady step time
@@ -167,18 +200,72 @@ def _run(rank: int, opts: Any, run: Path, store_path: str, stop_event: Any, queu
     sync()
     meta["init_s"] = time.perf_counter() - t_init
     loop.step_index = 0
+    return loop, delay, enabled_delay, warm_step_s
 
-    recorder = StepRecorder(rank=rank)
-    auto = opts.profile_steps is None  # the schedule follows the step time, agreed on before the first step
+
+def _make_windows(rank: int, opts: Any, run: Path, ctrl: Any, sync: Callable[[], None], warm_step_s: float,
+                  meta: dict[str, Any]) -> tuple[Any, Any]:
+    """The profiler windows: an explicit step schedule (``--profile-steps``), or windows by time that rank 0
+    decides (:class:`~tracekit.capture.profiler.AutoWindows`, returned on rank 0, else None)."""
+    import torch.distributed as dist
+
+    from tracekit.capture.profiler import (AUTO_SHARE, AUTO_WINDOW_S, AutoWindows, ProfilerWindows, WindowSchedule,
+                                           auto_prelude, torch_profiler_factory)
+
+    auto = None
+    if opts.profile_steps is None:
+        first = auto_prelude(warm_step_s) if opts.unprofiled_steps is None else opts.unprofiled_steps
+        auto = AutoWindows(first, max_windows=opts.max_windows) if rank == 0 else None
+        meta["schedule"] = {"mode": "auto", "first": first, "window_s": AUTO_WINDOW_S, "share": AUTO_SHARE,
+                            "warmup_step_s": warm_step_s}
     windows = ProfilerWindows(
-        WindowSchedule(80 if opts.unprofiled_steps is None else opts.unprofiled_steps, 0 if auto else opts.profile_steps,
+        WindowSchedule(80 if opts.unprofiled_steps is None else opts.unprofiled_steps, opts.profile_steps or 0,
                        opts.profile_every or opts.profile_steps or 1, opts.max_windows),
-        run,
-        rank,
-        torch_profiler_factory(cuda=cuda, record_shapes=opts.record_shapes),
-        barrier=lambda: dist.barrier(group=ctrl),
-        sync=sync,
-    )
+        run, rank, torch_profiler_factory(cuda=opts.device == "cuda", record_shapes=opts.record_shapes),
+        barrier=lambda: dist.barrier(group=ctrl), sync=sync)
+    return windows, auto
+
+
+def _measured_loop(rank: int, opts: Any, loop: Any, windows: Any, control: Any, queue: Any, out: dict[str, Any]) -> tuple[int, str]:
+    """Steps until the ranks agree to stop (or a collective fails); closes the open window. (steps, stop reason)."""
+    step, last_report, stop_reason = 0, 0.0, "duration"
+    try:
+        while True:
+            why = control(step)
+            if why is not None:
+                stop_reason = why
+                break
+            if opts.crash_rank == rank and step == opts.crash_step:
+                os._exit(3)  # testing: a rank dies without saying goodbye
+            windows.before_step(step)
+            loop.step()
+            windows.after_step(step)
+            step += 1
+            if rank == 0 and time.perf_counter() - last_report > 0.25:
+                last_report = time.perf_counter()
+                queue.put(("progress", (time.time_ns() - control.t0) / 1e9, step, loop.tokens_done))
+    except Exception as e:  # noqa: BLE001 - a peer died or a collective failed: keep what we have
+        stop_reason = "error"
+        out["errors"].append(f"{type(e).__name__}: {e}")
+    finally:
+        try:
+            windows.close()
+        except Exception as e:  # noqa: BLE001
+            out["errors"].append(f"profiler stop/export: {type(e).__name__}: {e}")
+    return step, stop_reason
+
+
+def _run(rank: int, opts: Any, run: Path, store_path: str, stop_event: Any, queue: Any, out: dict[str, Any]) -> None:
+    import torch.distributed as dist
+
+    from tracekit.capture.instrument import StepRecorder, instrument_forward
+    from tracekit.capture.telemetry import TelemetrySampler
+
+    meta = out["meta"]
+    device, ctrl, sync = _init_dist(rank, opts, store_path, meta)
+    loop, delay, enabled_delay, warm_step_s = _build_loop(rank, opts, device, sync, meta)
+    recorder = StepRecorder(rank=rank)
+    windows, auto = _make_windows(rank, opts, run, ctrl, sync, warm_step_s, meta)
     recorder.profiled = lambda: windows.recording
     if opts.profiling:
         # the first profiler start initialises Kineto/CUPTI (seconds): pay it before the measured loop
@@ -191,85 +278,33 @@ def _run(rank: int, opts: Any, run: Path, store_path: str, stop_event: Any, queu
     loop.tokens_done = 0
     delay.delay_rank = enabled_delay
     loop.forward = instrument_forward(loop.forward, recorder, lambda a, k: (a[1], a[2], int(a[0].numel())))
-
     sampler = None
-    if cuda and opts.telemetry:
+    if opts.device == "cuda" and opts.telemetry:
         sampler = TelemetrySampler(rank, device.index or 0, period_s=opts.telemetry_period_s, log=lambda m: queue.put(("log", m)))
         sampler.start()
         meta["telemetry"] = sampler.available
-        meta.update({k: v for k, v in sampler.info.items()})
-
-    flag = torch.zeros(1, dtype=torch.int32)
+        meta.update(dict(sampler.info.items()))
     dist.barrier(group=ctrl)
-    t0 = time.time_ns()
-    meta["loop_start_ns"] = t0
+    control = _Control(rank, opts, windows, ctrl, stop_event, auto)
+    meta["loop_start_ns"] = control.t0
     if rank == 0:
-        queue.put(("ready", t0, meta.get("init_s")))
-    step = 0
-    last_report = 0.0
-    stop_reason = "duration"
+        queue.put(("ready", control.t0, meta.get("init_s")))
     try:
-        while True:
-            if step % max(1, opts.control_every) == 0:
-                elapsed = (time.time_ns() - t0) / 1e9
-                want = 0
-                if _TERM or stop_event.is_set():
-                    want = 2
-                elif rank == 0 and elapsed >= opts.duration_s and step >= opts.min_steps:
-                    want = 1
-                flag[0] = want
-                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=ctrl)
-                if int(flag[0]):
-                    stop_reason = "interrupted" if int(flag[0]) == 2 else "duration"
-                    break
-            if opts.crash_rank == rank and step == opts.crash_step:
-                os._exit(3)  # testing: a rank dies without saying goodbye
-            if auto and step == 0:
-                windows.schedule = _agreed_schedule(opts, warm_step_s, ctrl)
-                meta["schedule"] = {"first": windows.schedule.first, "steps": windows.schedule.steps,
-                                    "every": windows.schedule.every, "warmup_step_s": warm_step_s}
-            windows.before_step(step)
-            loop.step()
-            windows.after_step(step)
-            step += 1
-            if rank == 0:
-                now = time.perf_counter()
-                if now - last_report > 0.25:
-                    last_report = now
-                    queue.put(("progress", (time.time_ns() - t0) / 1e9, step, loop.tokens_done))
-    except Exception as e:  # noqa: BLE001 - a peer died or a collective failed: keep what we have
-        stop_reason = "error"
-        out["errors"].append(f"{type(e).__name__}: {e}")
+        step, stop_reason = _measured_loop(rank, opts, loop, windows, control, queue, out)
     finally:
-        try:
-            windows.close()
-        except Exception as e:  # noqa: BLE001
-            out["errors"].append(f"profiler stop/export: {type(e).__name__}: {e}")
         if sampler is not None:
             sampler.stop()
-    t1 = time.time_ns()
-    meta.update(
-        {
-            "loop_end_ns": t1,
-            "stop_reason": stop_reason,
-            "steps": step,
-            "tokens": loop.tokens_done,
-            "profiler_windows": windows.windows,
-            "export_s": windows.export_s,
-            "files": [p.name for p in windows.files],
-        }
-    )
+    meta.update({"loop_end_ns": time.time_ns(), "stop_reason": stop_reason, "steps": step, "tokens": loop.tokens_done,
+                 "profiler_windows": windows.windows, "export_s": windows.export_s, "files": [p.name for p in windows.files]})
     out["steps"] = recorder.to_rows()
     out["counters"] = sampler.to_rows() if sampler is not None else {}
-    out["markers"] = [
-        {"step_id": s, "ts_ns": ts, "delay_ns": d} for (s, ts, d) in delay.events
-    ]
+    out["markers"] = [{"step_id": s, "ts_ns": ts, "delay_ns": d} for (s, ts, d) in delay.events]
     _write_extra(run, rank, out)  # before teardown: NCCL teardown after graph capture can hang
     out["written"] = True
     if stop_reason != "error":
         try:
             dist.barrier(group=ctrl)
-            if not scfg.cuda_graphs:
+            if not loop.cfg.cuda_graphs:
                 dist.destroy_process_group()
         except Exception:  # noqa: BLE001
             pass

@@ -49,6 +49,7 @@ from tracekit.report.timeline_data import (
     profiled_spans,
     profiler_windows,
 )
+from tracekit.report.palette import text_color_on
 from tracekit.report.timeline_detail import MAX_SEGMENTS, detail_payload
 from tracekit.report.timeline_js import TIMELINE_CSS, TIMELINE_JS
 from tracekit.schema import atomic_path
@@ -122,6 +123,7 @@ def build_payload(
         "span_ms": (end - base) / 1e6,
         "cats": [esc(c) for c in cats],
         "colors": colors_for(cats),
+        "label_colors": [text_color_on(c) for c in colors_for(cats)],
         "ranks": ranks,
         "overview": overview,
         "counters": counter_overview(cdf, base, end, overview["nbins"]),
@@ -322,8 +324,8 @@ def build_html(payload: Mapping[str, Any], meta: Mapping[str, Any] | None, analy
     data = _json_for_script(pub)
     csp = ("default-src 'none'; script-src " + _sha(pjs) + " " + _sha(TIMELINE_JS)
            + " 'unsafe-eval'; style-src 'unsafe-inline'; img-src data: blob:; font-src data:; connect-src 'none'")
-    body = [
-        _header_html(meta, payload, title),
+    # the timeline first (above the fold), the tables below it
+    below = [
         "<div class=cols><div>",
         "<h2>Breakdown</h2>",
         _breakdown_html(analysis, [*payload["cats"]], payload["colors"]),
@@ -331,18 +333,19 @@ def build_html(payload: Mapping[str, Any], meta: Mapping[str, Any] | None, analy
         _top_kernels_html(analysis),
         _stalls_html(payload.get("_stalls") or [], int(payload.get("_base") or 0)),
         _quality_html(analysis, meta),
-        "<p class=note>Drag to zoom (x only), double-click to reset; hover a segment for details. "
-        "Overview: shade = share of the bin in which the category ran. Detail: light red = collective wait "
-        "(before the last rank arrived), dark links = the same collective instance on every rank at its release.</p>",
     ]
     return "".join([
         "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
         f'<meta http-equiv="Content-Security-Policy" content="{csp}">',
         "<meta name=viewport content='width=device-width'>",
         f"<title>tracekit timeline — {esc(title)}</title><style>{TIMELINE_CSS}</style></head><body>",
-        *body,
+        _header_html(meta, payload, title),
         _chooser_html(payload),
         "<div id=tk-plot></div><pre id=tk-status></pre>",
+        "<p class=note>Drag to zoom (x only), double-click to reset; hover a segment for details. "
+        "Overview: shade = share of the bin in which the category ran. Detail: light red = collective wait "
+        "(before the last rank arrived), dark links = the same collective instance on every rank at its release.</p>",
+        *below,
         f'<script type="application/json" id="tk-data">{data}</script>',
         f"<script>{pjs}</script>",
         f"<script>{TIMELINE_JS}</script>",

@@ -18,16 +18,16 @@ __all__ = ["TIMELINE_JS", "TIMELINE_CSS"]
 TIMELINE_CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 16px;color:#222;font-size:13px}
 h1{font-size:18px;margin:12px 0 4px} h2{font-size:14px;margin:14px 0 4px}
-.meta{color:#555} table{border-collapse:collapse;margin:4px 0}
+.meta{color:#555} table{border-collapse:collapse;margin:4px 0} h1 .meta{font-size:12px;font-weight:normal}
 td,th{border:1px solid #ddd;padding:2px 6px;text-align:right;white-space:nowrap}
 th{background:#f4f4f4} td.l,th.l{text-align:left;white-space:normal}
 .chip{display:inline-block;width:10px;height:10px;margin-right:4px;vertical-align:middle;border-radius:2px}
 .legend span{margin-right:12px;white-space:nowrap}
 tr.jump{cursor:pointer} tr.jump:hover{background:#fff3d6}
-.cols{display:flex;gap:24px;flex-wrap:wrap} .note{color:#777;font-size:12px}
+.cols{display:flex;gap:24px;flex-wrap:wrap} .note{color:#616161;font-size:12px}
 #tk-status{display:none} code{background:#f4f4f4;padding:0 3px}
 td.name{text-align:left;white-space:normal;overflow-wrap:anywhere;word-break:break-all;max-width:52ch;font-family:monospace;font-size:11px}
-td small{color:#777}
+td small{color:#616161}
 .chooser{margin:10px 0 0;padding:6px 8px;background:#f7f7f7;border:1px solid #e3e3e3;border-radius:3px}
 .chooser select{max-width:70ch;font-size:12px}
 """
@@ -71,7 +71,30 @@ function fmtDur(us) {
   if (us >= 1000) return (us / 1000).toFixed(3) + ' ms';
   return us.toFixed(us < 10 ? 2 : 1) + ' µs';
 }
-function fmtMs(ms) { return ms.toFixed(3) + ' ms'; }
+// a time point on the capture's clock (ms from its start), in the unit that reads best
+function fmtMs(ms) { return Math.abs(ms) >= 1000 ? (ms / 1000).toFixed(6) + ' s' : ms.toFixed(3) + ' ms'; }
+// tick values and labels of a time axis (values in ms): about one tick per 110 px, labels in s, ms or µs by
+// the size of the times shown (17.5 s, not "17.5k ms"), with the decimals the tick step needs
+function timeTicks(lo, hi, px) {
+  var span = hi - lo;
+  if (!(span > 0) || !isFinite(span)) return null;
+  var raw = span / Math.max(2, Math.floor(px / 110)), p = Math.pow(10, Math.floor(Math.log10(raw))), m = raw / p;
+  var step = (m <= 1 ? 1 : m <= 2 ? 2 : m <= 5 ? 5 : 10) * p, mag = Math.max(Math.abs(lo), Math.abs(hi));
+  var u = mag >= 1000 ? [1000, ' s'] : mag >= 1 ? [1, ' ms'] : [1e-3, ' µs'];
+  var dec = Math.min(9, Math.max(0, Math.ceil(-Math.log10(step / u[0]) - 1e-9)));
+  var vals = [], text = [];
+  for (var k = Math.ceil(lo / step - 1e-9); k * step <= hi + step * 1e-9 && vals.length < 80; k++) {
+    vals.push(k * step); text.push((k * step / u[0]).toFixed(dec) + u[1]);
+  }
+  return {tickmode: 'array', tickvals: vals, ticktext: text};
+}
+var FONT = '"Open Sans", verdana, arial, sans-serif', _measure = null;
+function textPx(t, size) {
+  if (!_measure) { try { _measure = document.createElement('canvas').getContext('2d'); } catch (e) { _measure = false; } }
+  if (!_measure) return t.length * size * 0.62;
+  _measure.font = size + 'px ' + FONT;
+  return _measure.measureText(t).width;
+}
 var RANK_COLORS = ['#1f77b4', '#ff7f0e', '#2ca02c', '#d62728', '#9467bd', '#8c564b', '#e377c2', '#7f7f7f',
                    '#bcbd22', '#17becf'];
 function lighten(hex, f) {
@@ -83,8 +106,8 @@ function lighten(hex, f) {
 var P = JSON.parse(document.getElementById('tk-data').textContent);
 var gd = document.getElementById('tk-plot');
 window.tkTimeline = {gd: gd, payload: P, status: STATUS};
-var CATS = P.cats, COLORS = P.colors, NC = CATS.length;
-var traces = [], layout, axN = 0, top = 0, GAP = 28;
+var CATS = P.cats, COLORS = P.colors, NC = CATS.length, LABEL_COLORS = P.label_colors || COLORS.map(function () { return '#000'; });
+var traces = [], layout, axN = 0, top = 0, GAP = 28, nLegend = 1;
 var D = P.detail, OV = P.overview;
 var LANE_PX = 22, LW = 14;
 var nLanes = D.lanes.length;
@@ -92,20 +115,38 @@ var nLanes = D.lanes.length;
 var VIEW0 = D.v0_ms !== undefined ? D.v0_ms : D.x0_ms, VIEW1 = D.v1_ms !== undefined ? D.v1_ms : D.x1_ms;
 STATUS.lanes = D.lanes.map(function (l) { return l.label; });
 
-// ---- vertical plan (px)
-var blocks = [];
+// the left margin holds the longest lane / row label whole (at most 360 px)
+var ML = 60;
+STATUS.lanes.concat(OV.rows.length ? ['rank ' + OV.rows[OV.rows.length - 1][0]] : []).forEach(function (t) {
+  ML = Math.max(ML, textPx(t, 10) + 18);
+});
+(P.counters || []).forEach(function (g) { g.rows.forEach(function (r) { ML = Math.max(ML, textPx('r' + r[0] + ' ' + r[1], 8) + 18); }); });
+ML = Math.min(360, Math.ceil(ML));
+var PLOT_W = Math.max(300, (gd.clientWidth || 1200) - ML - 24);
+
+// ---- vertical plan (px); a counter chart's gap above it holds its title and legend (rows as they wrap)
+var blocks = [], CUR_GAP = GAP;
 var ovRows = OV.rows.length;
 if (ovRows) blocks.push({kind: 'ov', h: Math.max(90, ovRows * 7)});
 (P.counters || []).forEach(function (g) { blocks.push({kind: 'ovc', h: Math.max(24, g.rows.length * 10), g: g}); });
 blocks.push({kind: 'det', h: Math.max(120, nLanes * LANE_PX)});
 var detGroups = groupCounters(P.counters_window);
-detGroups.forEach(function (g) { blocks.push({kind: 'detc', h: 85, g: g}); });
+detGroups.forEach(function (g) {
+  var items = 0, titleW = textPx(g.title + ' (' + g.unit + ')', 10) + 24;
+  g.series.forEach(function (s) { items += textPx('r' + s.rank + ' ' + s.name, 10) + 46; });
+  var rows = Math.max(1, Math.ceil(items / Math.max(200, PLOT_W - titleW)));
+  blocks.push({kind: 'detc', h: 85, g: g, gap: 12 + 19 * rows});
+});
 var plotH = 0;
-blocks.forEach(function (b, i) { plotH += b.h + (i ? GAP : 0); });
-var MT = 90, MB = 45, H = plotH + MT + MB;
+blocks.forEach(function (b, i) { plotH += b.h + (i ? (b.gap || GAP) : 0); });
+// the top margin: plotly's tool bar (30 px), the legend's rows as they wrap, then the overview's top axis
+var legendW = 0;
+['step', 'range (NVTX)', 'folded (short ops)', 'collective wait', 'collective link (release)', 'stall', 'PCIe-bound']
+  .concat(CATS).forEach(function (t) { legendW += textPx(t, 11) + 50; });
+var LEGEND_ROWS = Math.max(1, Math.ceil(legendW / PLOT_W)), MT = 30 + 21 * LEGEND_ROWS + 48, MB = 45, H = plotH + MT + MB;
 layout = {
-  height: H, margin: {l: 140, r: 24, t: MT, b: MB}, hovermode: 'closest', dragmode: 'zoom',
-  showlegend: true, legend: {orientation: 'h', x: 0, y: 1 + 58 / plotH, yanchor: 'bottom', font: {size: 11}},
+  height: H, margin: {l: ML, r: 24, t: MT, b: MB}, hovermode: 'closest', dragmode: 'zoom',
+  showlegend: true, legend: {orientation: 'h', x: 0, y: 1 + (MT - 30) / plotH, yanchor: 'top', font: {size: 11}},
   plot_bgcolor: '#ffffff', paper_bgcolor: '#ffffff', font: {size: 11}, shapes: [], annotations: [],
   hoverlabel: {align: 'left', namelength: -1}
 };
@@ -120,20 +161,24 @@ function groupCounters(list) {
 function addAxes(h, matches, yopts, xopts) {
   axN += 1;
   var xs = axN === 1 ? '' : String(axN);
+  if (axN > 1) top += CUR_GAP;
   var d1 = 1 - top / plotH, d0 = 1 - (top + h) / plotH;
-  top += h + GAP;
+  top += h;
   var xa = {domain: [0, 1], anchor: 'y' + xs, showgrid: true, gridcolor: '#eee', zeroline: false,
-            ticksuffix: ' ms', tickfont: {size: 10}};
+            tickfont: {size: 10}};
   if (matches) xa.matches = matches;
   var ya = {domain: [Math.max(0, d0), Math.min(1, d1)], anchor: 'x' + xs, zeroline: false, tickfont: {size: 10}};
   Object.keys(xopts || {}).forEach(function (k) { xa[k] = xopts[k]; });
   Object.keys(yopts || {}).forEach(function (k) { ya[k] = yopts[k]; });
+  var r = xa.range || (matches && layout[matches.replace('x', 'xaxis')] || {}).range, t = r ? timeTicks(r[0], r[1], PLOT_W) : null;
+  if (t) Object.keys(t).forEach(function (k) { xa[k] = t[k]; });
   layout['xaxis' + xs] = xa; layout['yaxis' + xs] = ya;
   return {x: 'x' + xs, y: 'y' + xs, xs: xs};
 }
 
 var ovAx = null, detAx = null;
 blocks.forEach(function (b) {
+  CUR_GAP = b.gap || GAP;
   if (b.kind === 'ov') {
     var rankTicks = [], rankText = [], prev = null;
     OV.rows.forEach(function (r, i) { if (r[0] !== prev) { rankTicks.push(i); rankText.push('rank ' + r[0]); prev = r[0]; } });
@@ -152,8 +197,7 @@ blocks.forEach(function (b) {
                      side: 'top'});
     buildDetail(detAx);
   } else if (b.kind === 'detc') {
-    var a2 = addAxes(b.h, detAx ? detAx.x : null, {title: {text: b.g.title, font: {size: 10}}, fixedrange: true,
-                                                   rangemode: 'tozero'}, {});
+    var a2 = addAxes(b.h, detAx ? detAx.x : null, {fixedrange: true, rangemode: 'tozero'}, {});
     buildCounters(a2, b.g, 1);
   }
 });
@@ -229,12 +273,18 @@ function buildCounterStrip(g, h) {
                hovertemplate: '%{text}<br>%{z:.2f} ' + g.unit + ' at %{x:.1f} ms<extra></extra>'});
 }
 
-// detail-window counters: SVG lines (few points; keeps the WebGL canvas for the kernels)
+// detail-window counters: SVG lines (few points; keeps the WebGL canvas for the kernels), each chart with its
+// title and a legend of its own above it (one line per rank and counter)
 function buildCounters(ax, g, det) {
+  var dom = layout['yaxis' + ax.xs].domain, lg = 'legend' + (++nLegend);
+  layout.annotations.push({xref: 'paper', yref: 'paper', x: 0, y: dom[1], xanchor: 'left', yanchor: 'bottom',
+                           showarrow: false, font: {size: 10, color: '#444'}, text: g.title + ' (' + g.unit + ')'});
+  layout[lg] = {orientation: 'h', x: 1, xanchor: 'right', y: dom[1], yanchor: 'bottom', font: {size: 10},
+                bgcolor: 'rgba(255,255,255,0)', borderwidth: 0, tracegroupgap: 0};
   g.series.forEach(function (s) {
     var isTx = /tx|write|out/.test(s.name);
     traces.push({type: 'scatter', mode: 'lines', x: Array.from(dec(s.x)), y: Array.from(dec(s.y)), xaxis: ax.x, yaxis: ax.y,
-                 name: 'r' + s.rank + ' ' + s.name, showlegend: false,
+                 name: 'r' + s.rank + ' ' + s.name, showlegend: true, legend: lg,
                  line: {width: 1.2, color: RANK_COLORS[s.rank % RANK_COLORS.length], dash: isTx ? 'dot' : 'solid'},
                  hovertemplate: 'rank ' + s.rank + ' · ' + s.name + '<br>%{y:.2f} ' + s.unit + ' at %{x:.3f} ms<extra></extra>'});
   });
@@ -414,7 +464,6 @@ function buildDetail(ax) {
   // names on the segments once zoomed in far enough (>= LABEL_PX wide): at most MAX_LABELS, widest first
   var LABEL_PX = 70, MAX_LABELS = 300, CH_PX = 6.3;
   function unesc(t) { return t.replace(/&lt;/g, '<').replace(/&gt;/g, '>').replace(/&#34;/g, '"').replace(/&#39;/g, "'").replace(/&amp;/g, '&'); }
-  function reesc(t) { return t.replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;').replace(/"/g, '&#34;').replace(/'/g, '&#39;'); }
   function labelsFor(lo, hi) {
     var plotW = (gd._fullLayout && gd._fullLayout._size) ? gd._fullLayout._size.w : Math.max(400, gd.clientWidth - 164);
     var msPerPx = (hi - lo) / Math.max(plotW, 100), minUs = LABEL_PX * msPerPx * 1000;
@@ -424,20 +473,25 @@ function buildDetail(ax) {
       while (lo2 < hi2) { var m = (lo2 + hi2) >> 1; if (ks[m] < target) lo2 = m + 1; else hi2 = m; }
       for (j = lo2; j < b; j++) {
         if (ks[j] > vhi) break;
-        var vs = Math.max(ks[j], vlo), ve = Math.min(ks[j] + kd[j], vhi);
+        // a collective's name sits on its transfer: the wait before it is covered by the wait overlay
+        var w0 = collOf && collOf[j] >= 0 ? Math.min(cw[collOf[j]], kd[j]) : 0;
+        var vs = Math.max(ks[j] + w0, vlo), ve = Math.min(ks[j] + kd[j], vhi);
         if (ve - vs >= minUs) cand.push([j, ve - vs, vs, ve]);
       }
     }
     cand.sort(function (p, q) { return q[1] - p[1]; });
-    var lx = [], ly = [], lt = [];
+    var lx = [], ly = [], lt = [], lc = [];
     cand.slice(0, MAX_LABELS).forEach(function (c) {
       var nch = Math.floor(c[1] / 1000 / msPerPx / CH_PX) - 1, nm = unesc(D.names[kn[c[0]]]);
       if (nch < 4) return;
       if (nm.length > nch) nm = nm.slice(0, nch - 1) + '…';
-      lx.push(x0 + (c[2] + c[3]) / 2000); ly.push(kl[c[0]]); lt.push(reesc(nm));
+      // WebGL text is drawn on the canvas (never parsed as HTML): the name as it is, in black or white,
+      // whichever contrasts more with its segment's colour (WCAG AA, palette.text_color_on)
+      lx.push(x0 + (c[2] + c[3]) / 2000); ly.push(kl[c[0]]); lt.push(nm); lc.push(LABEL_COLORS[kc[c[0]]]);
     });
     STATUS.labels = lt.length;
-    return {x: lx, y: ly, text: lt};
+    STATUS.label_colors = lc.slice(0, 50);
+    return {x: lx, y: ly, text: lt, color: lc};
   }
   var catTrace = [];
   var lod0 = buildLOD(VIEW0, VIEW1);
@@ -448,10 +502,7 @@ function buildDetail(ax) {
     traces.push(segTrace(ax, lod0.segX[c], lod0.segY[c], COLORS[c], LW, CATS[c], 'cat' + c, true));
     traces.push(hoverTrace(ax, lod0.hx[c], lod0.hy[c], lod0.ht[c], COLORS[c], 'cat' + c, LW));
   }
-  var labelTrace = traces.length, lab0 = {x: [], y: [], text: []};
-  // WebGL text: drawn on the same canvas as the segments (an SVG trace would sit underneath them)
-  traces.push({type: 'scattergl', mode: 'text', x: lab0.x, y: lab0.y, text: lab0.text, xaxis: ax.x, yaxis: ax.y,
-               textfont: {size: 10, color: '#ffffff'}, hoverinfo: 'skip', showlegend: false, name: 'names'});
+  var labelTrace = -1;
   window.tkTimeline.labelsFor = labelsFor;
   var busyLOD = false, labelsShown = false, boxTimer = null;
   window.tkTimeline.relod = function (first) {
@@ -466,9 +517,9 @@ function buildDetail(ax) {
         upd.x.push(lod.segX[c3], lod.hx[c3]); upd.y.push(lod.segY[c3], lod.hy[c3]); upd.text.push(null, lod.ht[c3]);
       }
     }
-    var lb = labelsFor(r[0], r[1]);
+    var lb = labelsFor(r[0], r[1]), names = null;
     if (lb.text.length || labelsShown) {  // restyle the names only when there are (or were) any
-      idx.push(labelTrace); upd.x.push(lb.x); upd.y.push(lb.y); upd.text.push(lb.text);
+      names = {x: [lb.x], y: [lb.y], text: [lb.text], 'textfont.color': [lb.color.length ? lb.color : '#000000']};
       labelsShown = lb.text.length > 0;
     }
     if (window.tkTimeline.boxShape !== undefined && ovAx && !first) {
@@ -480,9 +531,11 @@ function buildDetail(ax) {
         Plotly.relayout(gd, lay);
       }, 400);
     }
-    if (!idx.length) return Promise.resolve();
+    if (!idx.length && !names) return Promise.resolve();
     busyLOD = true;
-    return Plotly.restyle(gd, upd, idx).then(function () { busyLOD = false; }, function (e) { busyLOD = false; throw e; });
+    var p0 = idx.length ? Plotly.restyle(gd, upd, idx) : Promise.resolve();
+    return p0.then(function () { return names ? Plotly.restyle(gd, names, [labelTrace]) : null; })
+             .then(function () { busyLOD = false; }, function (e) { busyLOD = false; throw e; });
   };
   window.tkTimeline.detailKey = ax.x.replace('x', 'xaxis');
   STATUS.segments += n;
@@ -515,6 +568,10 @@ function buildDetail(ax) {
                    legendgroup: 'clink', showlegend: true});
     }
   }
+  // the names on the segments, last on the WebGL canvas so no overlay (collective waits, links) covers them
+  labelTrace = traces.length;
+  traces.push({type: 'scattergl', mode: 'text', x: [], y: [], text: [], xaxis: ax.x, yaxis: ax.y,
+               textfont: {size: 10, color: '#000000'}, hoverinfo: 'skip', showlegend: false, name: 'names'});
   // stalls
   if (D.stalls.length) {
     var tx = [], ty = [], tt = [], lx2 = [], ly2 = [];
@@ -545,6 +602,22 @@ window.tkTimeline.opsNamed = function (name) {
   for (var i = 0; i < K.n; i++) if (kn[i] === code) out.push({x: D.x0_ms + (ks[i] + kd[i] / 2) / 1000, y: kl[i]});
   return out;
 };
+
+// after a zoom: tick values and labels of every time axis for its new range (timeTicks)
+function retick() {
+  var fl = gd._fullLayout, upd = {}, any = false, w = fl && fl._size ? fl._size.w : PLOT_W;
+  Object.keys(fl || {}).forEach(function (key) {
+    if (!/^xaxis\d*$/.test(key)) return;
+    var xa = fl[key];
+    if (!xa || xa.showticklabels === false || !xa.range) return;
+    var t = timeTicks(xa.range[0], xa.range[1], w), cur = xa.tickvals;
+    if (!t || (cur && cur.length === t.tickvals.length && cur[0] === t.tickvals[0] && cur[cur.length - 1] === t.tickvals[t.tickvals.length - 1])) return;
+    upd[key + '.tickmode'] = 'array'; upd[key + '.tickvals'] = t.tickvals; upd[key + '.ticktext'] = t.ticktext; any = true;
+  });
+  return any ? Plotly.relayout(gd, upd) : null;
+}
+window.tkTimeline.retick = retick;
+window.tkTimeline.timeTicks = timeTicks;
 
 function flushGL() {
   // wait for the WebGL raster to finish (readPixels blocks until the GPU / SwiftShader is done)
@@ -631,6 +704,10 @@ try {
                                        modeBarButtonsToRemove: ['select2d', 'lasso2d']}).then(function () {
     window.tkTimeline.pending = window.tkTimeline.relod ? window.tkTimeline.relod(true) : Promise.resolve();
     hookOverviewClick();
+    gd.on('plotly_relayout', function (ev) {
+      if (!ev || !Object.keys(ev).some(function (k2) { return /^xaxis\d*\.(range|autorange)/.test(k2); })) return;
+      window.tkTimeline.pending = Promise.resolve(window.tkTimeline.pending).then(retick);
+    });
     if (window.tkTimeline.relod) {
       var key = window.tkTimeline.detailKey;
       gd.on('plotly_relayout', function (ev) {
