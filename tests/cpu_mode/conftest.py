@@ -13,8 +13,9 @@ import pytest
 STRAGGLER = ["--ranks", "4", "--delay-rank", "1", "--delay-ms", "30", "--delay-every", "3"]
 #: a planted per-layer host sync, with the loop MoE (per-expert GEMMs)
 HOST_SYNC = ["--ranks", "2", "--host-sync", "--moe-impl", "loop"]
-#: small and fast: 1 layer, 2 unprofiled steps, one window of 16 profiled steps (5 delays fall inside it)
-COMMON = ["--device", "cpu", "--layers", "1", "--duration", "1s", "--unprofiled-steps", "2", "--profile-steps", "16",
+#: small and fast: 1 layer, 2 unprofiled steps, one window of 16 profiled steps (5 delays fall inside it); at least 18
+#: steps, so a loaded machine still profiles the whole window within the 1 s
+COMMON = ["--device", "cpu", "--layers", "1", "--duration", "1s", "--min-steps", "18", "--unprofiled-steps", "2", "--profile-steps", "16",
           "--profile-every", "1000", "--no-progress", "--url", "http://127.0.0.1:9"]
 
 

@@ -60,8 +60,14 @@ PROBE = """<script>
     Object.keys(fl).forEach(function (key) {
       if (/^xaxis\\d*$/.test(key) && fl[key].showticklabels !== false) res.xticks[key] = (fl[key].ticktext || []).slice();
     });
-    var pre = document.createElement('pre'); pre.id = 'tk-layout'; pre.textContent = JSON.stringify(res);
-    document.body.appendChild(pre);
+    // zoom the overview to 2 ms late in the capture: the ticks follow (unit and decimals for the new range)
+    var end = T.payload.span_ms;
+    Plotly.relayout(gd, {'xaxis.range': [end - 2.5, end - 0.5]}).then(function () { return T.pending; }).then(function () {
+      res.zoomed = (gd._fullLayout.xaxis.ticktext || []).slice();
+    }).catch(function (e) { res.zoom_error = String(e); }).then(function () {
+      var pre = document.createElement('pre'); pre.id = 'tk-layout'; pre.textContent = JSON.stringify(res);
+      document.body.appendChild(pre);
+    });
   }, 300);
 })();
 </script>"""
@@ -147,6 +153,8 @@ def test_long_capture_axis_reads_seconds(tmp_path: Path):
     _check_layout(res)
     over = res["xticks"]["xaxis"]
     assert over[-1].endswith(" s") and "20 s" in over, over  # was "17.5k ms"-style labels
+    zoomed = res["zoomed"]  # 2 ms at ~20 s: seconds with the decimals a sub-millisecond step needs
+    assert zoomed and all(re.fullmatch(r"20\.\d{4,6} s", t) for t in zoomed), zoomed
 
 
 @browser
