@@ -279,10 +279,9 @@ def install(t0_ns: int | None = None) -> bool:
         try:
             if backend.prof is not None and not ctl.recording:  # started, but an interrupt came before the controller knew
                 ctl.errors.append("a profiler window was interrupted as it opened; stopped without export")
-                with deferred_signals(deliver=False):
+                with deferred_signals(deliver=False), quiet_profiler_log():
                     try:
-                        with quiet_profiler_log():
-                            backend.prof.stop()
+                        backend.prof.stop()
                     except Exception:  # noqa: BLE001
                         pass
                 backend.prof = None
