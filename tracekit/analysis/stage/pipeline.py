@@ -235,11 +235,13 @@ AfterFinish = Callable[[FinishedRun], StageOutput]
 @dataclass
 class RankPart:
     """The small outputs of the per-rank map for the ranks of one frame (one rank, or a whole in-memory frame):
-    its breakdown part, its kernel totals and every registered analysis' part (None without the cross-rank pass)."""
+    its breakdown part, its kernel totals and every registered analysis' part (None without the cross-rank pass);
+    ``ranks``: whose they are (None: a whole frame), so the reduce puts parts that arrive in any order in rank order."""
 
     breakdown: Any
     totals: pl.DataFrame
     cross: Any
+    ranks: list[int] | None = None
 
 
 def analyze_rank(df: pl.DataFrame, ranks: list[int] | None, win: Window, plan: CrossRankPlan | None, split: bool,
@@ -251,7 +253,8 @@ def analyze_rank(df: pl.DataFrame, ranks: list[int] | None, win: Window, plan: C
 
     cp = plan.comm_parts(df, ranks) if plan is not None else None
     part = RankPart(compute_breakdown(df, win, comm_parts=cp, split=split), kernel_totals(df, win),
-                    crossrank.cross_rank_part(df, plan, ranks=ranks, host=host) if plan is not None else None)
+                    crossrank.cross_rank_part(df, plan, ranks=ranks, host=host) if plan is not None else None,
+                    list(ranks) if ranks is not None else None)
     return compact(part) if ranks is not None else part  # keep nothing of the rank's frame alive (string views)
 
 
@@ -265,7 +268,8 @@ class RankRunner(Protocol):
 
     def map(self, source: "FrameSource | ScanSource", ranks: list[int], win: Window, plan: CrossRankPlan | None,
             split: bool) -> Iterator[RankPart]:
-        """:func:`analyze_rank` of every part of ``source`` (``ranks``), in rank order."""
+        """:func:`analyze_rank` of every part of ``source`` (``ranks``), in any order (e.g. as tasks end): each part
+        names its ranks and :func:`run_analysis` reduces them in rank order."""
         ...
 
     def after(self, stage: "AfterFinish", run: "FinishedRun") -> "StageOutput":
@@ -340,7 +344,7 @@ def run_analysis(
         plan = crossrank.cross_rank_plan(ov.take_small(), meta, {"window": win, "quality": quality}, ranks=ov.all_ranks,
                                          cpu_ranks=ov.cpu_ranks)
     split = plan.split if plan is not None else False
-    parts = list(runner.map(source, ov.all_ranks, win, plan, split))
+    parts = sorted(runner.map(source, ov.all_ranks, win, plan, split), key=_rank_order)
     bd_parts = [p.breakdown for p in parts]
     kt_parts = [p.totals for p in parts]
     cr_parts = [p.cross for p in parts if p.cross is not None]
@@ -362,6 +366,11 @@ def run_analysis(
     return AnalysisResult(meta=cast(TraceMeta, meta), window=win, sections=sections, buckets=tuple(bd.buckets),
                           breakdown=bd.table, kernel_totals=totals if totals is not None else pl.DataFrame(), instances=view,
                           clock_offsets_ns=offsets, step_table=tables.get("steps", pl.DataFrame()), extra=others)
+
+
+def _rank_order(part: RankPart) -> int:
+    """Where a part goes in the reduce: its first rank (a whole frame's part is the only one)."""
+    return min(part.ranks) if part.ranks else -1
 
 
 _TREE_FIELDS = frozenset(f.name for f in msgspec.structs.fields(Sections))
