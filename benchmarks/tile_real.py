@@ -23,6 +23,7 @@ HolisticTraceAnalysis reads, so both tools measure the same events.
 from __future__ import annotations
 
 import json
+import re
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,3 +180,59 @@ def write_kineto(trace: str | Path, outdir: str | Path) -> list[Path]:
         files.append(p)
         del d, gpu
     return files
+
+
+# ---- Kineto JSON tiled at the text level (the real file's own bytes, numbers shifted) -----------------
+
+_TS = re.compile(rb'("ts"\s*:\s*)(-?\d+)')
+_IDS = re.compile(rb'("(?:External id|correlation|Python id|Python parent id|Ev Idx|id)"\s*:\s*)(\d+)')
+_STEP = re.compile(rb'("name"\s*:\s*"(?:forward|ProfilerStep|step|decode|prefill)#)(\d+)')
+_RANK = re.compile(rb'("rank"\s*:\s*)\d+')
+
+
+def _text_body(raw: bytes) -> tuple[bytes, bytes, bytes]:
+    """(head up to and including ``"traceEvents": [``, the events between the brackets, the tail from ``]``)."""
+    m = re.search(rb'"traceEvents"\s*:\s*\[', raw)
+    if m is None:
+        raise ValueError("no traceEvents array")
+    end = raw.rfind(b"]")
+    return raw[: m.end()], raw[m.end(): end].strip().rstrip(b","), raw[end:]
+
+
+def _shift(body: bytes, rx: re.Pattern[bytes], by: int) -> bytes:
+    return rx.sub(lambda m: m.group(1) + str(int(m.group(2)) + by).encode(), body) if by else body
+
+
+def tile_kineto_json(src: str | Path, out: str | Path, *, copies: int, rank: int | None = None,
+                     gzip_level: int | None = None) -> dict[str, int]:
+    """Write ``copies`` back-to-back copies of the real Kineto trace ``src``'s events as one file.
+
+    The events are the source's own text: copy ``k`` has its ``ts`` shifted by ``k`` times the
+    trace's span (+1 ms; the integer part only, so the decimals stay the source's), its ids
+    (``External id``, ``correlation``, flow ``id``, ``Ev Idx``) by ``k`` times their largest value,
+    and numbered step labels (``forward#N``, ``ProfilerStep#N``) by ``k`` times their count, so every
+    copy is a new set of steps. ``rank`` rewrites ``distributedInfo.rank`` (8 ranks of one real
+    file). Returns the sizes written.
+    """
+    import gzip as _gz
+
+    raw = Path(src).read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raw = _gz.decompress(raw)
+    head, body, tail = _text_body(raw)
+    ts = [int(m.group(2)) for m in _TS.finditer(body)]
+    span_us = (max(ts) - min(ts)) + 1000 if ts else 0
+    id_span = max((int(m.group(2)) for m in _IDS.finditer(body)), default=0) + 1
+    step_span = max((int(m.group(2)) for m in _STEP.finditer(body)), default=-1) + 1
+    if rank is not None:
+        head = _RANK.sub(lambda m: m.group(1) + str(rank).encode(), head, count=1)
+    opener = (lambda p: _gz.open(p, "wb", compresslevel=gzip_level)) if gzip_level else (lambda p: open(p, "wb"))
+    n = 0
+    with opener(out) as f:
+        f.write(head + b"\n")
+        for k in range(copies):
+            part = _shift(_shift(_shift(body, _TS, k * span_us), _IDS, k * id_span), _STEP, k * step_span)
+            f.write((b",\n" if k else b"") + part)
+            n += len(part)
+        f.write(b"\n" + tail)
+    return {"events_bytes": n, "copies": copies, "span_us": span_us}
