@@ -18,6 +18,7 @@ exception: the capture's ``_boot/sitecustomize.py`` reads ``TRACEKIT_PKG_PARENT`
 | ``TRACEKIT_PKG_PARENT`` | capture/_boot/sitecustomize (set by capture.external) | where the target process finds tracekit |
 | ``TRACEKIT_TEST_SIGINT_AT`` | _interrupt | fault injection for the tests: ``<label>[:<n>]`` sends this process SIGINT at the n-th interrupt check of that label |
 | ``TRACEKIT_TEST_KILL_RANK`` | cluster.analyze | fault injection for the tests: ``<rank>:<marker file>`` kills (SIGKILL) the Dask worker analyzing that rank once (the marker records it), ``<rank>:always`` every time |
+| ``TRACEKIT_CACHE_DIR`` / ``XDG_CACHE_HOME`` | ingest.kscan | where the native Kineto scanner is built when the package directory is read-only (default ``~/.cache/tracekit``) |
 | ``TRACEKIT_MODULE_CONTEXT`` | capture.program_hook (set by ``capture --module-context``) | ``1``: add ``tk.mod[...]`` ranges around MoE/expert/router/attention modules |
 | ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` | capture.program_hook, capture.sglang_plugin | the launcher's rank of the target process |
 | ``CUDA_VISIBLE_DEVICES`` | capture.program_hook, capture.telemetry | the GPUs a process sees |
@@ -28,11 +29,13 @@ exception: the capture's ``_boot/sitecustomize.py`` reads ``TRACEKIT_PKG_PARENT`
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 __all__ = ["DEBUG", "PARSE_THREADS", "POLARS_MAX_THREADS", "ARROW_DECAY_MS", "JEMALLOC_CONF", "SGLANG_HOOK", "STEP_DIR",
            "CAPTURE_DIR", "CAPTURE_SPEC", "PKG_PARENT", "MODULE_CONTEXT", "TEST_SIGINT_AT", "TEST_KILL_RANK", "RANK", "WORLD_SIZE",
            "LOCAL_RANK", "CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "MASTER_ADDR", "PYTHONPATH",
-           "debug", "get", "is_set", "flag", "int_value", "positive_int", "set_default", "environ"]
+           "CACHE_DIR", "XDG_CACHE_HOME", "cache_dir", "debug", "get", "is_set", "flag", "int_value", "positive_int", "set_default",
+           "environ"]
 
 DEBUG = "TRACEKIT_DEBUG"
 PARSE_THREADS = "TRACEKIT_PARSE_THREADS"
@@ -47,6 +50,8 @@ PKG_PARENT = "TRACEKIT_PKG_PARENT"
 MODULE_CONTEXT = "TRACEKIT_MODULE_CONTEXT"
 TEST_SIGINT_AT = "TRACEKIT_TEST_SIGINT_AT"
 TEST_KILL_RANK = "TRACEKIT_TEST_KILL_RANK"
+CACHE_DIR = "TRACEKIT_CACHE_DIR"
+XDG_CACHE_HOME = "XDG_CACHE_HOME"
 RANK = "RANK"
 WORLD_SIZE = "WORLD_SIZE"
 LOCAL_RANK = "LOCAL_RANK"
@@ -99,3 +104,12 @@ def set_default(name: str, value: str) -> None:
 def environ() -> dict[str, str]:
     """A copy of this process' environment (the base of a child process' environment)."""
     return dict(os.environ)
+
+
+def cache_dir() -> Path:
+    """tracekit's user cache directory (``TRACEKIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/tracekit``, else ``~/.cache/tracekit``)."""
+    own = os.environ.get(CACHE_DIR)
+    if own:
+        return Path(own)
+    base = os.environ.get(XDG_CACHE_HOME)
+    return (Path(base) if base else Path.home() / ".cache") / "tracekit"

@@ -38,6 +38,7 @@ from tracekit import _env, _interrupt
 from tracekit._errors import InputError, QualityLog
 from tracekit._frames import attach_rows
 from tracekit.ingest import kineto_checks as kc
+from tracekit.ingest import kscan
 from tracekit.ingest.kineto_stream import EventStream, StreamFallback, iter_text
 from tracekit.ingest.validate import check_times
 from tracekit.schema import MAX_RANK, conform
@@ -485,7 +486,7 @@ def _stage_chunk(chunk: bytes | bytearray, p: Path, exact: bool | None) -> tuple
 def _decode_chunk(chunk: bytes | bytearray, p: Path, exact: bool | None, unknown: dict[str, int]) -> pl.DataFrame:
     """Fast decoder, else the exact one; a chunk neither takes is retried once with its lone surrogate
     escapes replaced (:func:`kineto_checks.fix_lone_surrogates`, counted), else the exact decoder's error."""
-    st = None if exact else _fast_stage(chunk if isinstance(chunk, bytearray) else bytearray(chunk), unknown)
+    st = None if exact else _fast_stage(chunk, unknown)
     if st is not None:
         return st
     try:
@@ -796,6 +797,8 @@ _STAGE_SCHEMA = {
     "input_types": pl.String, "grid_x": pl.Int32, "grid_y": pl.Int32, "grid_z": pl.Int32,
     "block_x": pl.Int32, "block_y": pl.Int32, "block_z": pl.Int32,
 }
+#: the scanner's classification, from the reader's own tables
+_TABLES = kscan.Tables(KINETO_KINDS, _SKIP, KNOWN_PHASES)
 _ARG_RENAME = {
     "External id": "external_id", "registers per thread": "registers_per_thread", "shared memory": "shared_mem_bytes",
     "graph id": "graph_id", "graph node id": "graph_node_id", "Collective name": "coll_name",
@@ -904,13 +907,25 @@ def _float_us_to_ns(col: str) -> pl.Expr:
     return ip.cast(pl.Int64) * 1000 + ((f - ip) * 1000).round(0).cast(pl.Int64)
 
 
-def _fast_stage(chunk: bytearray, unknown: dict[str, int]) -> pl.DataFrame | None:
+def _fast_stage(chunk: bytes | bytearray, unknown: dict[str, int]) -> pl.DataFrame | None:
+    """Columnar decode of one ``[...]`` chunk; None -> use the exact path.
+
+    The native scanner (:mod:`tracekit.ingest.kscan`) when it could be built, else Arrow's JSON reader.
+    """
+    if kscan.available():
+        return kscan.scan_stage(chunk, _TABLES, _STAGE_SCHEMA, unknown, _PH_KEY)
+    return _arrow_stage(chunk if isinstance(chunk, bytearray) else bytearray(chunk), unknown)
+
+
+def _arrow_stage(chunk: bytearray, unknown: dict[str, int]) -> pl.DataFrame | None:
     """Columnar decode of one ``[...]`` chunk (Arrow's C++ JSON reader); None -> use the exact path.
 
     Any type surprise (a string pid, a list where a number should be) returns
     None, and so do absolute-epoch float timestamps with sub-µs digits (a
     float64 would round them). ``chunk`` is left as it was given.
     """
+    if _EPOCH_FRAC.search(chunk, 0, 1 << 16):  # absolute-epoch float µs: a float64 rounds them (decided before parsing)
+        return None
     try:
         tbl = _parse_events(chunk)
     except _ShapesRecorded:
