@@ -204,7 +204,7 @@ def test_a_rank_read_in_chunks_is_finalized_without_rechunking(tmp_path: Path, m
     N = 2000  # ~6 MB of text: the stream cuts chunks only about 1 MB ahead of the decoder
     rules = load_rules(None)
     p = write_doc(tmp_path / "t.json.gz", doc(_rich_events(N), rank=0, base_ns=BASE))
-    monkeypatch.setattr(kineto, "_CHUNK_BYTES", 32 << 10)
+    monkeypatch.setattr(kineto, "_STREAM_CHUNK_BYTES", 32 << 10)
     monkeypatch.setattr(kineto, "_GROUP_CHUNKS", 2)
     monkeypatch.setenv("TRACEKIT_PARSE_THREADS", "1")
     raw, _ = read_kineto(p)

@@ -212,10 +212,12 @@ def test_parse_events_leaves_the_chunk_as_given() -> None:
             assert tbl is not None and tbl.num_rows == 2
 
 
+@pytest.mark.parametrize("gz", [True, False])
 @pytest.mark.parametrize("threads", ["1", "3"])
-def test_many_small_chunks_give_the_whole_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: str) -> None:
-    # the streaming reader cuts the events into chunks, decodes them on a thread pool and stacks them in groups:
-    # rows and their order must not depend on the chunk size, the group size or the thread count
+def test_many_small_chunks_give_the_whole_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: str, gz: bool) -> None:
+    # the streaming reader cuts the events into chunks (blocks of inflated text, or views of a mapped plain
+    # file), decodes them on a thread pool and stacks them in groups: rows and their order must not depend
+    # on the chunk size, the group size, the thread count or the compression
     import tracekit.ingest.kineto as kineto
 
     evs = []
@@ -224,11 +226,12 @@ def test_many_small_chunks_give_the_whole_read(tmp_path: Path, monkeypatch: pyte
         evs.append(runtime("cudaLaunchKernel", 10 * i, 2, corr=i + 1, ext=i))
         evs.append(kernel(f"k{i % 5}", 10 * i + 3, 1.25, corr=i + 1, stream=7 + i % 2))
     evs[301]["args"]["Input Dims"] = [[4, 4]]  # one chunk takes the exact decoder
-    p = tmp_path / "t.json.gz"
-    p.write_bytes(gzip.compress(_events_text(evs, ",\n  ")))
+    p = tmp_path / ("t.json.gz" if gz else "t.json")
+    text = _events_text(evs, ",\n  ")
+    p.write_bytes(gzip.compress(text) if gz else text)
     whole, _ = kineto._read_whole(p, None, None)
     monkeypatch.setenv("TRACEKIT_PARSE_THREADS", threads)
-    monkeypatch.setattr(kineto, "_CHUNK_BYTES", 64 << 10)
+    monkeypatch.setattr(kineto, "_STREAM_CHUNK_BYTES", 64 << 10)
     monkeypatch.setattr(kineto, "_GROUP_CHUNKS", 3)
     stacks: list[int] = []
     stack = kineto._stack

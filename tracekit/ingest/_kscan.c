@@ -671,6 +671,11 @@ static int event(Scan *s) {
     if (s->err) return 0;
     if (k == KIND_DROP) return 1;
     if (k >= 0 && row_is_odd(s)) return fail(s, SCAN_UNSUPPORTED);
+    if (k >= 0 && *code_at(s, S_NAME) == CODE_NULL) { /* a kept row without a name is named "" (the exact decoder's fill) */
+        int c = intern(s, S_NAME, 0);
+        if (c < 0) return 0;
+        *code_at(s, S_NAME) = c;
+    }
     o->kind[s->row] = (int8_t)k;
     s->row++;
     return 1;

@@ -24,7 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import re
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import msgspec
 import numpy as np
@@ -39,7 +39,7 @@ from tracekit._errors import InputError, QualityLog
 from tracekit._frames import attach_rows
 from tracekit.ingest import kineto_checks as kc
 from tracekit.ingest import kscan
-from tracekit.ingest.kineto_stream import EventStream, StreamFallback, iter_text
+from tracekit.ingest.kineto_stream import EventStream, StreamFallback, bracketed, iter_text
 from tracekit.ingest.validate import check_times
 from tracekit.schema import MAX_RANK, conform
 
@@ -162,6 +162,8 @@ _CHUNK_TYPED = msgspec.json.Decoder(list[_EvTyped], float_hook=_as_str)
 _CHUNK_LOOSE = msgspec.json.Decoder(list[_Ev], float_hook=_as_str)
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _CHUNK_BYTES = 4 << 20
+#: chunks of the streaming path (fewer polars calls per MB; memory: ``parse_threads() + 1`` chunks in flight)
+_STREAM_CHUNK_BYTES = 16 << 20
 #: decoded chunks stacked into one compact frame at a time (~32 MB of JSON)
 _GROUP_CHUNKS = 8
 _ARG_FIELDS = _Args.__struct_fields__
@@ -470,33 +472,37 @@ def read_kineto(path: str | Path, rank: int | None = None, *, exact: bool | None
     return _read_whole(p, rank, exact)
 
 
-def _stage_chunk(chunk: bytes | bytearray, p: Path, exact: bool | None) -> tuple[pl.DataFrame, dict[str, int]]:
-    """One ``[...]`` chunk -> stage frame + its unknown-category counts (thread-safe: no shared state).
+def _stage_chunk(chunk: bytes | bytearray | memoryview, p: Path, exact: bool | None,
+                 bare: bool = False) -> tuple[pl.DataFrame, dict[str, int]]:
+    """One chunk of events -> stage frame + its unknown-category counts (thread-safe: no shared state).
 
-    A ``bytearray`` chunk is modified while it is parsed and restored afterwards.
+    ``bare``: the events without the array's brackets (a view from :class:`EventStream`), else ``[...]``.
     """
     unknown: dict[str, int] = {}
     try:
-        st = _decode_chunk(chunk, p, exact, unknown)
+        st = _decode_chunk(chunk, p, exact, unknown, bare)
     except InputError:
         raise StreamFallback("undecodable chunk") from None
     return _sparse(st), unknown
 
 
-def _decode_chunk(chunk: bytes | bytearray, p: Path, exact: bool | None, unknown: dict[str, int]) -> pl.DataFrame:
+def _decode_chunk(chunk: bytes | bytearray | memoryview, p: Path, exact: bool | None, unknown: dict[str, int],
+                  bare: bool = False) -> pl.DataFrame:
     """Fast decoder, else the exact one; a chunk neither takes is retried once with its lone surrogate
-    escapes replaced (:func:`kineto_checks.fix_lone_surrogates`, counted), else the exact decoder's error."""
-    st = None if exact else _fast_stage(chunk, unknown)
+    escapes replaced (:func:`kineto_checks.fix_lone_surrogates`, counted), else the exact decoder's error.
+    ``bare``: the chunk's events come without the array's brackets."""
+    st = None if exact else _fast_stage(chunk, unknown, bare)
     if st is not None:
         return st
+    arr = bracketed(chunk) if bare else chunk
     try:
-        return _exact_stage(chunk, p, unknown)
+        return _exact_stage(arr, p, unknown)
     except InputError:
-        fixed, n = kc.fix_lone_surrogates(chunk)
+        fixed, n = kc.fix_lone_surrogates(arr)
         if not n:
             raise
     kc.count_surrogates(unknown, n)
-    st = None if exact else _fast_stage(bytearray(fixed), unknown)
+    st = None if exact else _fast_stage(fixed, unknown)
     return st if st is not None else _exact_stage(fixed, p, unknown)
 
 
@@ -517,6 +523,38 @@ def _result(f: Future) -> Any:
     return _interrupt.wait_future(f, "read")
 
 
+def _decode_chunks(es: EventStream, p: Path, exact: bool | None,
+                   take: Callable[[tuple[pl.DataFrame, dict[str, int]]], None]) -> None:
+    """Decode the stream's chunks in order, on :func:`parse_threads` threads, ``threads + 1`` in flight;
+    each chunk goes back to the stream once decoded."""
+    chunks = es.chunks()
+    nthreads = parse_threads()
+    pending: deque[tuple[Future, memoryview]] = deque()
+    ex = ThreadPoolExecutor(nthreads, thread_name_prefix="tk-parse") if nthreads > 1 else None
+    try:
+        for chunk in _interrupt.checked(chunks, "read"):
+            if ex is None:
+                take(_stage_chunk(chunk, p, exact, True))
+                es.release(chunk)
+                continue
+            pending.append((ex.submit(_stage_chunk, chunk, p, exact, True), chunk))
+            del chunk
+            while len(pending) > nthreads:
+                f, c = pending.popleft()
+                take(_result(f))
+                es.release(c)
+        while pending:
+            f, c = pending.popleft()
+            take(_result(f))
+            es.release(c)
+    finally:
+        # Ctrl-C or an error: queued chunks are dropped, only the ones being parsed are waited for
+        if ex is not None:
+            ex.shutdown(wait=True, cancel_futures=True)
+        pending.clear()
+        chunks.close()  # the file (and the inflater's thread) is closed now, not at exit
+
+
 def _read_streaming(p: Path, rank: int | None, exact: bool | None) -> tuple[pl.DataFrame, dict[str, Any]]:
     """Bounded-memory path: decompress and decode chunk by chunk (see kineto_stream).
 
@@ -524,7 +562,7 @@ def _read_streaming(p: Path, rank: int | None, exact: bool | None) -> tuple[pl.D
     ``threads + 1`` chunks in flight, so memory stays a few chunks above the
     decoded columns.
     """
-    es = EventStream(p, _CHUNK_BYTES, _TOP)
+    es = EventStream(p, _STREAM_CHUNK_BYTES, _TOP)
     unknown: dict[str, int] = {}
     frames: list[pl.DataFrame] = []  # stacked groups of chunks
     group: list[pl.DataFrame] = []
@@ -538,24 +576,7 @@ def _read_streaming(p: Path, rank: int | None, exact: bool | None) -> tuple[pl.D
         if len(group) >= _GROUP_CHUNKS:
             frames.append(_stack(group))  # compact copies; the parser's buffers go back now, not at the end
 
-    nthreads = parse_threads()
-    if nthreads == 1:
-        for chunk in _interrupt.checked(es.chunks(), "read"):
-            take(_stage_chunk(chunk, p, exact))
-    else:
-        pending: deque[Future] = deque()
-        ex = ThreadPoolExecutor(nthreads, thread_name_prefix="tk-parse")
-        try:
-            for chunk in _interrupt.checked(es.chunks(), "read"):
-                pending.append(ex.submit(_stage_chunk, chunk, p, exact))
-                del chunk
-                while len(pending) > nthreads:
-                    take(_result(pending.popleft()))
-            while pending:
-                take(_result(pending.popleft()))
-        finally:
-            # Ctrl-C or an error: queued chunks are dropped, only the ones being parsed are waited for
-            ex.shutdown(wait=True, cancel_futures=True)
+    _decode_chunks(es, p, exact, take)
     if group:
         frames.append(_stack(group))
     for k, v in es.tally.items():
@@ -907,14 +928,14 @@ def _float_us_to_ns(col: str) -> pl.Expr:
     return ip.cast(pl.Int64) * 1000 + ((f - ip) * 1000).round(0).cast(pl.Int64)
 
 
-def _fast_stage(chunk: bytes | bytearray, unknown: dict[str, int]) -> pl.DataFrame | None:
-    """Columnar decode of one ``[...]`` chunk; None -> use the exact path.
+def _fast_stage(chunk: bytes | bytearray | memoryview, unknown: dict[str, int], bare: bool = False) -> pl.DataFrame | None:
+    """Columnar decode of one chunk (``bare``: without its brackets); None -> use the exact path.
 
     The native scanner (:mod:`tracekit.ingest.kscan`) when it could be built, else Arrow's JSON reader.
     """
     if kscan.available():
-        return kscan.scan_stage(chunk, _TABLES, _STAGE_SCHEMA, unknown, _PH_KEY)
-    return _arrow_stage(chunk if isinstance(chunk, bytearray) else bytearray(chunk), unknown)
+        return kscan.scan_stage(chunk, _TABLES, _STAGE_SCHEMA, unknown, _PH_KEY, bare=bare)
+    return _arrow_stage(bracketed(chunk) if bare else (chunk if isinstance(chunk, bytearray) else bytearray(chunk)), unknown)
 
 
 def _arrow_stage(chunk: bytearray, unknown: dict[str, int]) -> pl.DataFrame | None:

@@ -150,6 +150,7 @@ class Tables:
         self.cats = _table(cats)
         self.phases = _table({p: 1 for p in phases})
         self.instant = code["instant"]
+        self.kind_values = pa.array(self.kind_names, pa.string())
 
 
 class _Out(ctypes.Structure):
@@ -161,10 +162,12 @@ class _Out(ctypes.Structure):
 
 
 class _Buffers:
-    """Output arrays of one call: ``cap`` rows, string dictionaries of up to ``tsize // 2`` entries."""
+    """Scratch arrays of the scanner: ``cap`` rows of an ``n``-byte chunk, string dictionaries of up to
+    ``tsize // 2`` entries. One set per thread is reused (new arrays cost a page fault per 4 kB)."""
 
     def __init__(self, n: int, cap: int, tsize: int) -> None:
         ns, nn = len(STR_FIELDS), len(NUM_FIELDS)
+        self.n, self.cap, self.tsize = n, cap, tsize
         self.num = np.empty((nn, cap), dtype=np.int64)
         self.nst = np.empty((cap, nn), dtype=np.uint8)
         self.code = np.empty((ns, cap), dtype=np.int32)
@@ -177,10 +180,31 @@ class _Buffers:
         self.out = _Out(cap, self.heap.shape[1], tsize, *[getattr(self, k).ctypes.data for k in
                         ("num", "nst", "code", "doff", "ndict", "heap", "table", "kind", "shapes")], 0, 0, 0)
 
+    def fits(self, n: int, cap: int, tsize: int) -> bool:
+        return self.n >= n and self.cap >= cap and self.tsize >= tsize
+
+
+_scratch = threading.local()
+
+
+def _buffers(n: int, cap: int, tsize: int) -> _Buffers:
+    """This thread's scratch arrays, grown when the chunk needs more."""
+    b: _Buffers | None = getattr(_scratch, "b", None)
+    if b is None or not b.fits(n, cap, tsize):
+        b = _Buffers(max(n, b.n if b else 0), max(cap, b.cap if b else 0), max(tsize, b.tsize if b else 0))
+        _scratch.b = b
+    return b
+
+
+def release_scratch() -> None:
+    """Drop this thread's scratch arrays (after the last chunk of a file)."""
+    _scratch.b = None
+
 
 def scan(chunk: bytes | bytearray | memoryview, tables: Tables, *, bare: bool = False) -> tuple[int, _Buffers] | None:
     """Run the scanner over a ``[...]`` chunk (``bare``: the events without brackets); None when it
-    declines the chunk (invalid JSON or a value it does not model)."""
+    declines the chunk (invalid JSON or a value it does not model). The arrays returned are this
+    thread's scratch: read them before the thread's next call."""
     lib = _load()
     if lib is None:
         return None
@@ -188,7 +212,7 @@ def scan(chunk: bytes | bytearray | memoryview, tables: Tables, *, bare: bool = 
     n = src.size
     cap, tsize = n // 48 + 64, 4096
     for _ in range(4):
-        b = _Buffers(n, cap, tsize)
+        b = _buffers(n, cap, tsize)
         rc = lib.tk_scan_events(src.ctypes.data, n, int(bare), ctypes.byref(b.out), tables.cats.ctypes.data,
                                 tables.phases.ctypes.data, tables.instant)
         if rc != _CAPACITY:
@@ -200,15 +224,40 @@ def scan(chunk: bytes | bytearray | memoryview, tables: Tables, *, bare: bool = 
     return None
 
 
-def _strings(b: _Buffers, i: int, rows: int) -> pl.Series:
-    """String column ``i`` as a polars Categorical (Arrow dictionary: codes + the chunk's distinct values)."""
+def _bitmap(ok: np.ndarray) -> pa.Buffer | None:
+    """Arrow validity bitmap of a boolean mask (None: all valid)."""
+    return None if ok.all() else pa.py_buffer(np.packbits(ok, bitorder="little"))
+
+
+def _dictionary(codes: np.ndarray, values: pa.Array) -> pa.Array:
+    """An Arrow dictionary array (a polars Categorical) from int32 codes (negative: null) and values.
+
+    Arrow arrays are built from buffers: ``pa.array()`` on numpy input would import pandas (~0.4 s).
+    """
+    codes = np.array(codes, dtype=np.int32)  # a copy: the scratch is reused
+    indices = pa.Array.from_buffers(pa.int32(), codes.size, [_bitmap(codes >= 0), pa.py_buffer(codes)])
+    return pa.DictionaryArray.from_arrays(indices, values)
+
+
+def _strings(b: _Buffers, i: int, rows: int) -> pa.Array:
+    """String column ``i``: its codes with the chunk's distinct values as the dictionary."""
     nd = int(b.ndict[i])
-    off = b.doff[i, : nd + 1]
-    values = pa.Array.from_buffers(pa.string(), nd, [None, pa.py_buffer(off), pa.py_buffer(b.heap[i, : max(int(off[-1]), 1)])])
-    codes = b.code[i, :rows]
-    arr = pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), values)
-    s: pl.Series = pl.from_arrow(arr)  # type: ignore[assignment]
-    return s
+    off = np.array(b.doff[i, : nd + 1])
+    heap = np.array(b.heap[i, : max(int(off[-1]), 1)])
+    values = pa.Array.from_buffers(pa.string(), nd, [None, pa.py_buffer(off), pa.py_buffer(heap)])
+    return _dictionary(b.code[i, :rows], values)
+
+
+def _ints(b: _Buffers, i: int, rows: int, dtype: Any) -> pa.Array | None:
+    """Numeric column ``i`` (null where its status is not ok); None when no row has a value."""
+    ok = b.nst[:rows, i] == 1
+    if not ok.any():
+        return None
+    vals = b.num[i, :rows].astype(dtype)  # a copy: the scratch is reused
+    return pa.Array.from_buffers(pa.from_numpy_dtype(dtype), rows, [_bitmap(ok), pa.py_buffer(vals)])
+
+
+_INT32 = frozenset({"grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"})
 
 
 def scan_stage(chunk: bytes | bytearray | memoryview, tables: Tables, stage_schema: dict[str, Any],
@@ -221,29 +270,41 @@ def scan_stage(chunk: bytes | bytearray | memoryview, tables: Tables, stage_sche
     if res is None:
         return None
     rows, b = res
-    cols: dict[str, pl.Series] = {"_k": pl.Series("_k", b.kind[:rows])}
-    for i, name in enumerate(STR_FIELDS):
-        if name in ("ph", "src", "name") or (b.code[i, :rows] >= 0).any():
-            cols[name] = _strings(b, i, rows).alias(name)
-    for i, name in enumerate(NUM_FIELDS):
-        ok = b.nst[:rows, i] == 1
-        if ok.any():
-            cols[name] = pl.Series(name, b.num[i, :rows]).set(pl.Series(~ok), None)  # type: ignore[arg-type]
-    df = pl.DataFrame(cols)
-    odd = df.filter(pl.col("_k") < 0)
-    if odd.height:
-        _count_unknown(odd, unknown, unknown_ph_key)
-        df = df.filter(pl.col("_k") >= 0)
-    kind = pl.Series("kind", tables.kind_names).gather(df.get_column("_k").cast(pl.Int64))
-    df = df.with_columns(kind, pl.col("name").cast(pl.String).fill_null("").cast(pl.Categorical))
-    keep = [k for k in stage_schema if k in df.columns]
-    return df.select([pl.col(k).cast(stage_schema[k]) for k in keep])
+    kind = b.kind[:rows]
+    odd = bool((kind < 0).any())
+    if odd:
+        _count_unknown(b, rows, unknown, unknown_ph_key)
+    arrays: dict[str, pa.Array] = {}
+    for name in stage_schema:
+        if name == "kind":
+            arrays[name] = _dictionary(kind, tables.kind_values)
+        elif name in _STR_INDEX:
+            i = _STR_INDEX[name]
+            if name in ("src", "name") or (b.code[i, :rows] >= 0).any():
+                arrays[name] = _strings(b, i, rows)
+        elif name in _NUM_INDEX:
+            a = _ints(b, _NUM_INDEX[name], rows, np.int32 if name in _INT32 else np.int64)
+            if a is not None:
+                arrays[name] = a
+    batch = pa.RecordBatch.from_arrays(list(arrays.values()), names=list(arrays))
+    if odd:
+        batch = batch.filter(pa.Array.from_buffers(pa.bool_(), rows, [None, pa.py_buffer(np.packbits(kind >= 0, bitorder="little"))]))
+    df: pl.DataFrame = pl.from_arrow(batch)  # type: ignore[assignment]
+    return df
 
 
-def _count_unknown(odd: pl.DataFrame, unknown: dict[str, int], ph_key: str) -> None:
+_STR_INDEX = {k: i for i, k in enumerate(STR_FIELDS)}
+_NUM_INDEX = {k: i for i, k in enumerate(NUM_FIELDS)}
+
+
+def _count_unknown(b: _Buffers, rows: int, unknown: dict[str, int], ph_key: str) -> None:
     """Counts of X events of unknown category (by ``cat``) and of events of unknown phase (by ``ph``)."""
+    kind = b.kind[:rows]
     for code, col, prefix in ((_UNKNOWN_CAT, "src", ""), (_UNKNOWN_PH, "ph", ph_key)):
-        g = odd.filter(pl.col("_k") == code).group_by(pl.col(col).fill_null("None")).len()
-        for k, v in g.iter_rows():
+        sel = kind == code
+        if not sel.any():
+            continue
+        s: pl.Series = pl.from_arrow(_strings(b, _STR_INDEX[col], rows))  # type: ignore[assignment]
+        for k, v in s.filter(pl.Series(sel)).cast(pl.String).fill_null("None").value_counts().iter_rows():
             key = prefix + str(k)
             unknown[key] = unknown.get(key, 0) + int(v)
