@@ -236,3 +236,43 @@ def tile_kineto_json(src: str | Path, out: str | Path, *, copies: int, rank: int
             n += len(part)
         f.write(b"\n" + tail)
     return {"events_bytes": n, "copies": copies, "span_us": span_us}
+
+
+def cut_kineto_json(src: str | Path, out: str | Path, *, target_bytes: int) -> dict[str, int]:
+    """The first stretch of the real Kineto trace ``src`` in time, about ``target_bytes`` of event text.
+
+    Every event that starts before the cut is kept as its own text (metadata events, which carry no
+    ``dur``, always), so the result is the same capture recorded for a shorter time. Returns its size.
+    """
+    import gzip as _gz
+
+    import msgspec
+    import numpy as np
+
+    class _Ts(msgspec.Struct):
+        ts: Any = None
+        ph: Any = None
+
+    raw = Path(src).read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raw = _gz.decompress(raw)
+    head, body, tail = _text_body(raw)
+    del raw
+    events = msgspec.json.decode(b"[" + body + b"]", type=list[msgspec.Raw])
+    dec = msgspec.json.Decoder(_Ts)
+    ts = np.empty(len(events))
+    size = np.empty(len(events), dtype=np.int64)
+    for i, e in enumerate(events):
+        v = dec.decode(e)
+        ts[i] = -np.inf if v.ph == "M" or not isinstance(v.ts, (int, float)) else float(v.ts)
+        size[i] = len(e)
+    order = np.argsort(ts, kind="stable")
+    reach = np.searchsorted(np.cumsum(size[order]), target_bytes)
+    cut = ts[order[min(reach, len(order) - 1)]]
+    kept = [e for e, t in zip(events, ts) if t <= cut]
+    with open(out, "wb") as f:
+        f.write(head + b"\n")
+        for i in range(0, len(kept), 100_000):
+            f.write((b",\n" if i else b"") + b",\n".join(bytes(e) for e in kept[i:i + 100_000]))
+        f.write(b"\n" + tail)
+    return {"events": len(kept), "of": len(events), "bytes": Path(out).stat().st_size}
