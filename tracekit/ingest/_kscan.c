@@ -49,7 +49,7 @@ typedef struct {
     uint8_t *heap;    /* [N_STR][hcap] */
     int32_t *table;   /* [N_STR][tsize] scratch */
     int8_t *kind;     /* [cap] */
-    uint8_t *shapes;  /* [cap] Input Dims / Input type recorded */
+    uint8_t *shapes;  /* [cap] the row needs the exact reader: Input Dims / Input type recorded, args no object */
     int64_t rows;     /* out */
     int64_t stop;     /* out: byte offset where the scan stopped */
     int64_t why;      /* out: SCAN_CAPACITY: 1 rows, 2 a dictionary */
@@ -258,10 +258,15 @@ static int num_int(const Num *n, int64_t *out) {
     return ST_OK;
 }
 
+/* µs below which ns stay clear of the limit the exact reader refuses (2^62 ns, kineto_checks.MAX_TIME_NS) */
+#define MAX_TIME_US 4611686018427386LL
+
 /* µs decimal -> ns: the first three fraction digits, rounded half up on the fourth (the exact decoder's rule). */
 static int num_us_to_ns(const Num *n, int64_t *out) {
-    if (n->has_exp || n->ni > 15) return ST_ODD;
-    int64_t v = digits(n->ip, n->ni) * 1000;
+    if (n->has_exp || n->ni > 18) return ST_ODD;
+    int64_t us = digits(n->ip, n->ni);
+    if (us >= MAX_TIME_US) return ST_ODD; /* the exact reader names the event */
+    int64_t v = us * 1000;
     int64_t f = 0;
     for (int i = 0; i < 3; i++) f = f * 10 + (i < n->nf ? n->fp[i] - '0' : 0);
     v += f + (n->nf > 3 && n->fp[3] >= '5');
@@ -348,9 +353,10 @@ static int field_id(Scan *s, int f) {
         int64_t i = 0, neg = 0;
         if (rlen && (raw[0] == '+' || raw[0] == '-')) { neg = raw[0] == '-'; i = 1; }
         if (esc) { set_num(s, f, ST_ODD, 0); return 1; }
-        int64_t nd = rlen - i, ok = nd > 0;
+        int64_t nd = rlen - i, ok = nd > 0, numeric = 1;
         for (int64_t k = i; ok && k < rlen; k++) ok = raw[k] >= '0' && raw[k] <= '9';
-        if (!ok) { set_num(s, f, ST_NULL, 0); return 1; }
+        for (int64_t k = 0; !ok && numeric && k < rlen; k++) numeric = hexval(raw[k]) >= 0 || is_ws(raw[k]) || raw[k] == 'x' || raw[k] == 'X' || raw[k] == '+' || raw[k] == '-';
+        if (!ok) { set_num(s, f, numeric && rlen ? ST_ODD : ST_NULL, 0); return 1; } /* "0x1f", " 7": the exact reader's; "Spans": a label, null */
         if (nd > 18) { set_num(s, f, ST_ODD, 0); return 1; }
         int64_t v = digits(raw + i, (int)nd);
         set_num(s, f, ST_OK, neg ? -v : v);
@@ -384,9 +390,11 @@ static int field_time(Scan *s, int f) {
     return skip_value(s, 1);
 }
 
-/* grid / block: the first three integers of a list (int32); a non-list is null. */
+/* grid / block: the first three integers of a list (0 <= v < 2^31); null is null; anything else is odd
+ * (the exact reader counts it as a wrong type). */
 static int field_dim3(Scan *s, int f0) {
-    if (*s->p != '[') return skip_value(s, 1);
+    if (*s->p == 'n') return expect_lit(s, "null", 4);
+    if (*s->p != '[') { set_num(s, f0, ST_ODD, 0); return skip_value(s, 1); }
     s->p++;
     skip_ws(s);
     int i = 0;
@@ -398,10 +406,8 @@ static int field_dim3(Scan *s, int f0) {
                 Num n; int64_t v = 0;
                 if (!parse_number(s, &n)) return 0;
                 int st = num_int(&n, &v);
-                if (st == ST_OK && (v < INT32_MIN || v > INT32_MAX)) st = ST_ODD;
+                if (st == ST_OK && (v < 0 || v > INT32_MAX)) st = ST_ODD;
                 set_num(s, f0 + i, st, v);
-            } else if (*s->p == 'n') {
-                if (!expect_lit(s, "null", 4)) return 0;
             } else {
                 set_num(s, f0 + i, ST_ODD, 0);
                 if (!skip_value(s, 2)) return 0;
@@ -579,8 +585,10 @@ static int member_value(Scan *s, Slot slot) {
         case T_STR: return field_str(s, slot.field);
         case T_DIM3: return field_dim3(s, slot.field);
         case T_SHAPE: return field_shape(s);
-        case T_ARGS: /* args that are no object: no args (as the exact decoder) */
-            return *s->p == '{' ? members(s, 1) : skip_value(s, 1);
+        case T_ARGS:
+            if (*s->p == '{') return members(s, 1);
+            if (*s->p != 'n') s->o->shapes[s->row] = 1; /* args that are no object: the exact reader counts them */
+            return skip_value(s, 1);
         default: return skip_value(s, 2);
     }
 }

@@ -523,7 +523,7 @@ def _result(f: Future) -> Any:
     return _interrupt.wait_future(f, "read")
 
 
-def _decode_chunks(es: EventStream, p: Path, exact: bool | None,
+def _decode_stream(es: EventStream, p: Path, exact: bool | None,
                    take: Callable[[tuple[pl.DataFrame, dict[str, int]]], None]) -> None:
     """Decode the stream's chunks in order, on :func:`parse_threads` threads, ``threads + 1`` in flight;
     each chunk goes back to the stream once decoded."""
@@ -576,7 +576,7 @@ def _read_streaming(p: Path, rank: int | None, exact: bool | None) -> tuple[pl.D
         if len(group) >= _GROUP_CHUNKS:
             frames.append(_stack(group))  # compact copies; the parser's buffers go back now, not at the end
 
-    _decode_chunks(es, p, exact, take)
+    _decode_stream(es, p, exact, take)
     if group:
         frames.append(_stack(group))
     for k, v in es.tally.items():
