@@ -204,7 +204,7 @@ def _shift(body: bytes, rx: re.Pattern[bytes], by: int) -> bytes:
 
 
 def tile_kineto_json(src: str | Path, out: str | Path, *, copies: int, rank: int | None = None,
-                     gzip_level: int | None = None) -> dict[str, int]:
+                     world_size: int | None = None, gzip_level: int | None = None) -> dict[str, int]:
     """Write ``copies`` back-to-back copies of the real Kineto trace ``src``'s events as one file.
 
     The events are the source's own text: copy ``k`` has its ``ts`` shifted by ``k`` times the
@@ -212,7 +212,8 @@ def tile_kineto_json(src: str | Path, out: str | Path, *, copies: int, rank: int
     (``External id``, ``correlation``, flow ``id``, ``Ev Idx``) by ``k`` times their largest value,
     and numbered step labels (``forward#N``, ``ProfilerStep#N``) by ``k`` times their count, so every
     copy is a new set of steps. ``rank`` rewrites ``distributedInfo.rank`` (8 ranks of one real
-    file). Returns the sizes written.
+    file), or adds ``distributedInfo`` (``rank``, ``world_size``) when the trace has none, written as
+    torch writes it (``"rank": N``: HolisticTraceAnalysis finds ranks with that pattern). Returns the sizes written.
     """
     import gzip as _gz
 
@@ -224,8 +225,12 @@ def tile_kineto_json(src: str | Path, out: str | Path, *, copies: int, rank: int
     span_us = (max(ts) - min(ts)) + 1000 if ts else 0
     id_span = max((int(m.group(2)) for m in _IDS.finditer(body)), default=0) + 1
     step_span = max((int(m.group(2)) for m in _STEP.finditer(body)), default=-1) + 1
-    if rank is not None:
+    if rank is not None and _RANK.search(head):
         head = _RANK.sub(lambda m: m.group(1) + str(rank).encode(), head, count=1)
+    elif rank is not None:
+        di = f'\n  "distributedInfo": {{"backend": "nccl", "rank": {rank}, "world_size": {world_size or rank + 1}}},'
+        brace = head.index(b"{")
+        head = head[: brace + 1] + di.encode() + head[brace + 1:]
     opener = (lambda p: _gz.open(p, "wb", compresslevel=gzip_level)) if gzip_level else (lambda p: open(p, "wb"))
     n = 0
     with opener(out) as f:
