@@ -272,3 +272,34 @@ def test_columns_null_in_a_chunk_take_no_place_in_it(tmp_path: Path, monkeypatch
     coll = streamed.filter(pl.col("coll_name").is_not_null())
     assert coll.select("name", "coll_name", "coll_in_nelems").rows() == [("record_param_comms", "allreduce", 8)]
     assert streamed.get_column("bytes").null_count() == streamed.height
+
+
+def _mapped(path: Path) -> bool:
+    """Whether this process still maps ``path`` (the plain-file reader maps it while it reads)."""
+    return str(path) in Path("/proc/self/maps").read_text()
+
+
+@pytest.mark.parametrize("gz", [True, False])
+@pytest.mark.parametrize("damage", ["garbled", "cut"])
+def test_a_file_broken_mid_way_leaves_no_thread_or_mapping(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gz: bool, damage: str) -> None:
+    # many chunks decoded on the parse threads, the damage in the middle: one-line error, and afterwards no
+    # parse thread runs and the file is no longer mapped (the reader stops its workers on the error)
+    import threading
+
+    import tracekit.ingest.kineto as kineto
+
+    evs = [kernel(f"k{i % 7}", 10 * i, 1.5, corr=i + 1) for i in range(8000)]
+    text = _events_text(evs, ",\n  ")
+    mid = text.index(b"},\n", len(text) // 2) + 2  # between two events, half-way
+    text = text[:mid] + b"@@ not json @@," + text[mid:] if damage == "garbled" else text[:mid]
+    p = tmp_path / ("t.json.gz" if gz else "t.json")
+    p.write_bytes(gzip.compress(text) if gz else text)
+    monkeypatch.setenv("TRACEKIT_PARSE_THREADS", "3")
+    monkeypatch.setattr(kineto, "_STREAM_CHUNK_BYTES", 64 << 10)
+    before = {t.ident for t in threading.enumerate()}
+    with pytest.raises(InputError) as ei:
+        read_kineto(p)
+    msg = str(ei.value)
+    assert "\n" not in msg and p.name in msg and ("invalid JSON" in msg or "truncated" in msg), msg
+    assert {t.ident for t in threading.enumerate() if t.is_alive()} <= before
+    assert not _mapped(p)
