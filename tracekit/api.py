@@ -15,7 +15,7 @@ from tracekit.advice.nextwin import next_win_stage
 from tracekit.analysis.stage.pipeline import ANALYSIS_VERSION, FrameSource, RankRunner, ScanSource, ranks_filter, run_analysis
 from tracekit.analysis.result import AnalysisResult
 from tracekit.ingest.convert import ConvertResult, convert
-from tracekit.schema import read_metadata, scan_trace
+from tracekit.schema import open_trace
 
 __all__ = ["analyze", "analyze_frame", "analyze_result", "analyze_frame_result", "AnalysisResult", "convert", "ConvertResult",
            "ANALYSIS_VERSION"]
@@ -61,8 +61,8 @@ def analyze_result(
 
     ``runner``: where the per-rank work runs (:class:`~tracekit.analysis.stage.pipeline.RankRunner`; default here,
     one rank at a time; ``tracekit.cluster.analyze`` passes a Dask cluster's)."""
-    meta = read_metadata(path)
-    lf = ranks_filter(scan_trace(path), ranks)
+    lf, meta = open_trace(path)  # validated: one-line errors or flagged repairs (tracekit.trace_check)
+    lf = ranks_filter(lf, ranks)
     source: FrameSource | ScanSource = ScanSource(path, lf)
     if steps_from is not None:  # re-derived steps need the whole trace in memory once
         from tracekit.ingest.common import resteps

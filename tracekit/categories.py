@@ -22,7 +22,7 @@ from tracekit._frames import NAME_CODE, attach, distinct_names
 
 from tracekit._errors import InputError
 from tracekit._resources import schema_file
-from tracekit.schema import CATEGORIES
+from tracekit.enums import CATEGORIES
 
 __all__ = ["Rule", "ContextRule", "RuleSet", "load_rules", "default_rules"]
 

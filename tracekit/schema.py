@@ -26,7 +26,7 @@ import re
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Mapping, TypedDict
+from typing import Any, Iterable, Mapping, TypedDict, cast
 
 import polars as pl
 import pyarrow as pa
@@ -34,6 +34,8 @@ import pyarrow.parquet as pq
 
 from tracekit import __version__
 from tracekit._errors import InputError, OutputError, UsageError, os_reason
+from tracekit.enums import CATEGORIES, GPU_OP_KINDS, KINDS  # re-exported: the column vocabularies
+from tracekit.trace_check import check_data, check_footer, first_line  # first_line: re-exported (analysis uses it)
 
 __all__ = [
     "TraceMeta", "RankMeta", "CaptureMeta",
@@ -52,10 +54,13 @@ __all__ = [
     "write_trace",
     "read_trace",
     "scan_trace",
+    "open_trace",
     "read_metadata",
     "atomic_path",
     "guard_inputs",
     "note_input",
+    "note_output",
+    "published_outputs",
     "check_output_path",
     "DATASET_META",
     "is_dataset",
@@ -73,34 +78,6 @@ PART_KEY = b"tracekit_part"
 DATASET_META = "_common_metadata"
 _RANK_DIR = re.compile(r"^rank=(\d+)$")
 _PART_FILE = re.compile(r"^part-(\d+)\.parquet$")
-
-#: Row kinds. GPU ops are ``kernel``, ``memcpy`` and ``memset``.
-KINDS = (
-    "kernel",  # GPU kernel (CUPTI)
-    "memcpy",  # GPU copy; memcpy_kind and bytes set
-    "memset",  # GPU memset; bytes set
-    "cpu_op",  # CPU operator (aten::*, record_param_comms, python functions)
-    "runtime",  # CUDA runtime / driver API call (cudaLaunchKernel, cudaStreamSynchronize, ...)
-    "sync",  # CUDA sync record (stream wait event, event sync, stream sync, context sync)
-    "range",  # CPU-side user range (record_function / user_annotation / NVTX push-pop or start-end)
-    "gpu_range",  # GPU-side projection of a user range (Kineto gpu_user_annotation)
-    "step",  # one forward/step: SGLang step[...], tracekit tk.fwd[...], ProfilerStep#N, unprofiled step records
-    "counter",  # telemetry sample; name carries the unit (power_w, sm_active_pct, pcie_rx_bytes_per_s)
-    "instant",  # zero-length marker (NVTX mark, Kineto instant, injected fault marker)
-)
-GPU_OP_KINDS = ("kernel", "memcpy", "memset")
-
-#: Breakdown categories of GPU ops (``category`` column). ``idle`` is never a row value:
-#: it is the part of the window no GPU op covers.
-CATEGORIES = (
-    "moe_gemm",
-    "moe_routing",
-    "attention",
-    "communication",
-    "dense_gemm",
-    "other_compute",
-    "memory",
-)
 
 _D = pa.dictionary(pa.int32(), pa.string())
 
@@ -294,6 +271,8 @@ def _base_metadata() -> dict[str, Any]:
 
 #: inputs read inside :func:`guard_inputs` scopes, as (st_dev, st_ino): never the target of an output
 _INPUTS: list[set[tuple[int, int]]] = []
+#: outputs published (renamed into place) inside each :func:`guard_inputs` scope, for messages after a later failure
+_OUTPUTS: list[list[Path]] = []
 
 
 class guard_inputs:
@@ -307,10 +286,23 @@ class guard_inputs:
 
     def __enter__(self) -> "guard_inputs":
         _INPUTS.append(set())
+        _OUTPUTS.append([])
         return self
 
     def __exit__(self, *exc: object) -> None:
         _INPUTS.pop()
+        _OUTPUTS.pop()
+
+
+def note_output(path: str | os.PathLike[str]) -> None:
+    """Record ``path`` as an output the running command has published complete (see :func:`published_outputs`)."""
+    if _OUTPUTS and Path(path) not in _OUTPUTS[-1]:
+        _OUTPUTS[-1].append(Path(path))
+
+
+def published_outputs() -> list[Path]:
+    """The outputs the running command has published so far (a later failure, e.g. of stdout, names them as kept)."""
+    return list(_OUTPUTS[-1]) if _OUTPUTS else []
 
 
 def note_input(path: str | os.PathLike[str]) -> None:
@@ -418,6 +410,8 @@ class atomic_path:
                     os.umask(umask)
                     os.chmod(self.tmp, 0o666 & ~umask)  # mkstemp creates 0600; outputs get the usual mode
                     os.replace(self.tmp, self.final)
+                if self.commit:
+                    note_output(self.final)
             except BaseException as e:
                 self._drop()
                 if isinstance(e, OSError):
@@ -575,17 +569,12 @@ def _parse_meta(p: Path, raw: bytes | None) -> TraceMeta:
     if raw is None:
         raise InputError(f"{p}: Parquet file without tracekit metadata; convert the source with `tracekit convert`")
     try:
-        meta: TraceMeta = json.loads(raw)
+        meta: Any = json.loads(raw)
     except ValueError:
         raise InputError(f"{p}: corrupt tracekit metadata in the footer; re-convert the source") from None
     if not isinstance(meta, dict):
         raise InputError(f"{p}: corrupt tracekit metadata in the footer (not an object); re-convert the source")
-    ver = int(meta.get("schema_version", 0))
-    if ver > SCHEMA_VERSION:
-        raise InputError(
-            f"{p}: schema_version {ver} is newer than this tracekit supports ({SCHEMA_VERSION}); upgrade tracekit"
-        )
-    return meta
+    return cast(TraceMeta, check_footer(meta, p, SCHEMA_VERSION))
 
 
 def is_dataset(path: str | os.PathLike[str]) -> bool:
@@ -625,9 +614,10 @@ def dataset_parts(path: str | os.PathLike[str]) -> list[tuple[int, Path]]:
     return out
 
 
-def _scan_dataset(p: Path, meta: Mapping[str, Any]) -> pl.LazyFrame:
+def _scan_dataset(p: Path, meta: Mapping[str, Any]) -> tuple[pl.LazyFrame, list[Path]]:
     """A lazy scan of every partition, rank from the directory names; every rank the metadata lists has its
-    partition (a rank that failed at convert time under ``--keep-going`` is listed in ``failed_ranks`` instead)."""
+    partition (a rank that failed at convert time under ``--keep-going`` is listed in ``failed_ranks`` instead);
+    also the partition files (their footers' statistics serve the read-time checks)."""
     parts = dataset_parts(p)
     have = {r for r, _ in parts}
     failed = {int(f["rank"]) for f in meta.get("failed_ranks") or [] if isinstance(f, dict) and f.get("rank") is not None}
@@ -641,7 +631,8 @@ def _scan_dataset(p: Path, meta: Mapping[str, Any]) -> pl.LazyFrame:
         raise InputError(f"{p}: the dataset has no partitions (rank=N/part-*.parquet); re-convert the source")
     for _, f in parts:
         note_input(f)
-    return pl.scan_parquet([str(f) for _, f in parts], hive_partitioning=True, hive_schema={"rank": POLARS_SCHEMA["rank"]})
+    files = [f for _, f in parts]
+    return pl.scan_parquet([str(f) for f in files], hive_partitioning=True, hive_schema={"rank": POLARS_SCHEMA["rank"]}), files
 
 
 def write_dataset_meta(root: str | os.PathLike[str], metadata: Mapping[str, Any]) -> None:
@@ -655,62 +646,25 @@ def write_dataset_meta(root: str | os.PathLike[str], metadata: Mapping[str, Any]
         pq.write_metadata(schema, tmp)
 
 
-def _dtype_family(t: pl.DataType) -> str:
-    if t.is_integer():
-        return "int"
-    if t.is_float():
-        return "float"
-    if isinstance(t, (pl.String, pl.Categorical, pl.Enum)) or t == pl.String:
-        return "text"
-    if t == pl.Boolean:
-        return "bool"
-    if isinstance(t, pl.Null) or t == pl.Null:
-        return "null"
-    return str(t.base_type())
-
-
-def _compatible(got: pl.DataType, want: pl.DataType) -> bool:
-    """Same family (any integer width, any float width, String/Categorical/Enum; an all-null column fits all)."""
-    g = _dtype_family(got)
-    return g == "null" or g == _dtype_family(want)
-
-
-def first_line(e: BaseException, limit: int = 300) -> str:
-    """``Type: message`` of an exception, first line only (polars appends its query plan on the next lines)."""
-    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    return f"{type(e).__name__}: {text[:limit]}"
+def open_trace(path: str | os.PathLike[str]) -> tuple[pl.LazyFrame, TraceMeta]:
+    """The rows of a ``trace.parquet`` or a directory dataset as a lazy scan in exactly :data:`POLARS_SCHEMA`
+    (rows by rank, then time; missing columns of older files as nulls) and its footer, both validated
+    (:mod:`tracekit.trace_check`: one-line errors naming the column, or repairs flagged in ``meta["quality"]``).
+    Every command reads its traces through here."""
+    meta = read_metadata(path)
+    p = Path(path)
+    lf, files = _scan_dataset(p, meta) if p.is_dir() else (pl.scan_parquet(p), [p])
+    return check_data(p, cast(dict[str, Any], meta), lf, files, POLARS_SCHEMA, REQUIRED_COLUMNS), meta
 
 
 def scan_trace(path: str | os.PathLike[str]) -> pl.LazyFrame:
-    """Lazy scan of a ``trace.parquet`` or a directory dataset (rows by rank, then time), with missing columns
-    added as nulls (older files)."""
-    meta = read_metadata(path)
-    lf = _scan_dataset(Path(path), meta) if Path(path).is_dir() else pl.scan_parquet(Path(path))
-    have = lf.collect_schema().names()
-    absent = [n for n in REQUIRED_COLUMNS if n not in have]
-    if absent:
-        raise InputError(
-            f"{path}: not a tracekit trace (missing column(s) {', '.join(absent)}); convert the source with `tracekit convert`"
-        )
-    schema = lf.collect_schema()
-    bad = [(n, schema[n]) for n in have if n in POLARS_SCHEMA and not _compatible(schema[n], POLARS_SCHEMA[n])]
-    if bad:
-        n, got = bad[0]
-        raise InputError(
-            f"{path}: column {n!r} has type {got}, expected {POLARS_SCHEMA[n]}"
-            + (f" (and {len(bad) - 1} more column(s))" if len(bad) > 1 else "")
-            + "; the file was changed after tracekit wrote it; re-convert the source with `tracekit convert`"
-        )
-    missing = [n for n in COLUMN_NAMES if n not in have]
-    if missing:
-        lf = lf.with_columns([pl.lit(None, dtype=POLARS_SCHEMA[n]).alias(n) for n in missing])
-    return lf.select(COLUMN_NAMES)
+    """:func:`open_trace`'s lazy scan alone."""
+    return open_trace(path)[0]
 
 
 def read_trace(path: str | os.PathLike[str], *, ranks: Iterable[int] | None = None) -> tuple[pl.DataFrame, dict[str, Any]]:
-    """Read events (optionally only some ranks) and metadata."""
-    meta = read_metadata(path)
-    lf = scan_trace(path)
+    """Read events (optionally only some ranks) and metadata (validated: :func:`open_trace`)."""
+    lf, meta = open_trace(path)
     if ranks is not None:
         lf = lf.filter(pl.col("rank").is_in(list(ranks)))
     try:

@@ -31,6 +31,7 @@ __all__ = [
     "assert_clean_error",
     "gpu_kernels",
     "with_rank",
+    "small_rank",
 ]
 
 TRACES = Path(os.environ.get("TRACEKIT_TRACES", "/work/shared/traces"))
@@ -72,6 +73,17 @@ def with_rank(doc: dict[str, Any], rank: int, world: int | None = None) -> dict[
     if world is not None:
         di["world_size"] = world
     d["distributedInfo"] = di
+    return d
+
+
+def small_rank(doc: dict[str, Any], n: int = 1500) -> dict[str, Any]:
+    """``doc`` cut to ``n`` events around its middle kernel (by ts) plus its metadata events: small and fast, yet
+    with kernels and the runtime calls that launched them (replay needs both)."""
+    timed = sorted((e for e in doc["traceEvents"] if isinstance(e.get("ts"), (int, float))), key=lambda e: e["ts"])
+    kern = [i for i, e in enumerate(timed) if e.get("cat") in ("kernel", "Kernel")]
+    lo = max(0, kern[len(kern) // 2] - n // 2) if kern else 0
+    d = copy.copy(doc)
+    d["traceEvents"] = [e for e in doc["traceEvents"] if not isinstance(e.get("ts"), (int, float))] + timed[lo: lo + n]
     return d
 
 

@@ -85,7 +85,8 @@ def _rows() -> pl.DataFrame:
     return frame_from_rows(
         [
             {"rank": 1, "kind": "kernel", "ts_ns": 30, "dur_ns": 5, "name": "b", "stream": 7, "category": "memory"},
-            {"rank": 0, "kind": "kernel", "ts_ns": 20, "dur_ns": 5, "name": "a", "stream": 7, "grid_x": 3},
+            {"rank": 0, "kind": "kernel", "ts_ns": 20, "dur_ns": 5, "name": "a", "stream": 7, "grid_x": 3,
+             "category": "other_compute", "family": "other"},  # as convert writes it: every GPU op has a category
             {"rank": 0, "kind": "counter", "ts_ns": 10, "dur_ns": 0, "name": "power_w", "value": 123.5},
             {"rank": 0, "kind": "step", "ts_ns": 5, "dur_ns": 50, "name": "step[DECODE bs=8]", "step_id": 0,
              "step_mode": "DECODE", "batch_size": 8, "tokens": 8, "profiled": True},
@@ -95,7 +96,8 @@ def _rows() -> pl.DataFrame:
 
 def test_write_read_round_trip_with_footer_metadata(tmp_path: Path) -> None:
     p = tmp_path / "t.parquet"
-    meta = {"world_size": 2, "ranks": [{"rank": 0, "device_name": "H200"}], "clock_offsets_ns": {"0": 0, "1": -5},
+    meta = {"world_size": 2, "ranks": [{"rank": 0, "device_name": "H200"}, {"rank": 1, "device_name": "H200"}],
+            "clock_offsets_ns": {"0": 0, "1": -5},
             "capture": {"window_ns": [5, 55]}, "quality": [{"code": "x", "message": "y", "severity": "info"}]}
     write_trace(_rows(), p, meta)
     assert pq.read_schema(p).remove_metadata() == ARROW_SCHEMA
