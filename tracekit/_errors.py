@@ -13,7 +13,7 @@ from types import ModuleType
 from typing import Any
 
 __all__ = ["TracekitError", "InputError", "OutputError", "CaptureError", "UsageError", "ClusterError", "MissingDependency", "require",
-           "Quality", "QualityLog", "os_reason"]
+           "Quality", "QualityLog", "os_reason", "one_line"]
 
 
 class TracekitError(Exception):
@@ -68,6 +68,14 @@ def require(module: str, extra: str, purpose: str) -> ModuleType:
         if e.name != module.split(".")[0]:  # the package is there, something inside it is not: a bug
             raise
         raise MissingDependency(f"{purpose} needs {e.name}, which is not installed: pip install 'tracekit[{extra}]'") from None
+
+
+def one_line(text: str) -> str:
+    """``text`` with control characters escaped (``\\n``, ``\\x1b``...): a message that names a path holding a newline
+    or a terminal escape stays one line and cannot drive the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def os_reason(e: OSError, *, writing: bool) -> str:

@@ -82,7 +82,7 @@ class _Group(TyperGroup):
             if type(e).__name__ == "NoArgsIsHelpError":  # `tracekit` or a group alone: its help, as before
                 e.show()
                 sys.exit(e.exit_code)
-            print(usage_line(e, sys.argv[1:] if args is None else list(args), set(self.commands)), file=sys.stderr)
+            _common.say(usage_line(e, sys.argv[1:] if args is None else list(args), set(self.commands)))
             sys.exit(2)
         except _cx.ClickException as e:
             e.show()
@@ -185,8 +185,12 @@ def main() -> None:
     # at their next _interrupt.check() (a KeyboardInterrupt raised inside a polars callback would
     # become a Rust panic). A second Ctrl-C raises at once.
     prev_int = _interrupt.install() if prev is not None else None
+    from tracekit.commands import _stdout
+
+    _stdout.reserve_closed_stdout()
     try:
-        _run()
+        with _stdout.guarded():  # stdout that cannot be written (EPIPE, ENOSPC, closed): one line, exit 3
+            _run()
     finally:
         if prev is not None:
             signal.signal(signal.SIGTERM, prev)
@@ -206,7 +210,10 @@ def _is_console() -> bool:
 
 def _run() -> None:
     try:
-        app(standalone_mode=True)
+        try:
+            app(standalone_mode=True)
+        finally:
+            sys.stdout.flush()  # help or usage text that cannot be written fails here (an OutputError), not at exit
     except SystemExit as e:
         # typer turns a Ctrl-C outside the command body (while parsing options, importing) into a silent exit 130
         if e.code == 130 and not _common.interrupt_reported():
@@ -216,7 +223,10 @@ def _run() -> None:
         print("tracekit: terminated", file=sys.stderr)
         sys.exit(143)
     except TracekitError as e:
-        print(f"tracekit: error: {e}", file=sys.stderr)
+        _common.say(f"tracekit: error: {e}")
+        from tracekit.commands import _stdout
+
+        _stdout.settle()
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         print("tracekit: interrupted", file=sys.stderr)
@@ -231,7 +241,7 @@ def _run() -> None:
         if not isinstance(e, Exception) or _env.debug():
             raise
         msg = " ".join(f"{type(e).__name__}: {e}".split())[:500]
-        print(f"tracekit: internal error: {msg}; please report it (TRACEKIT_DEBUG=1 shows the traceback)", file=sys.stderr)
+        _common.say(f"tracekit: internal error: {msg}; please report it (TRACEKIT_DEBUG=1 shows the traceback)")
         sys.exit(70)
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-from tracekit.commands._common import at_least, handle_errors
+from tracekit.commands._common import at_least, handle_errors, parquet_output
 
 __all__ = ["register"]
 
@@ -35,6 +36,8 @@ def register(app: typer.Typer) -> None:
         from tracekit.ingest.convert import convert
 
         at_least("--jobs", jobs, 1)
+        if all(os.path.realpath(out) != os.path.realpath(i) for i in inputs):  # an input as -o: convert's message says so
+            parquet_output("-o", out)
         if cluster is not None and jobs is not None:
             from tracekit._errors import UsageError
 
@@ -48,6 +51,9 @@ def register(app: typer.Typer) -> None:
             with cluster_client(cluster) as client:  # workers may run elsewhere: absolute paths
                 res = convert([p.absolute() for p in inputs], out.absolute(), layout=layout or "dataset",
                               executor=client.get_executor(pure=False), **kw)  # type: ignore[arg-type, no-untyped-call]
+        from tracekit.schema import note_output
+
+        note_output(res.out)  # complete: a summary that cannot be printed says the trace is kept
         if not quiet:
             mb = res.input_bytes / 1e6
             typer.echo(

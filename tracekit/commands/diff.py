@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     import polars as pl
 
 from tracekit._errors import UsageError
-from tracekit.commands._common import handle_errors
+from tracekit.commands._common import handle_errors, warn_read_flags
 
 __all__ = ["register"]
 
@@ -65,7 +65,10 @@ def register(app: typer.Typer) -> None:
 
             check_output_path(html_out, force=force)  # not a device, FIFO or directory
         # each run is its analysis result: the windows, steps, tokens/s and collective waits `analyze` reports
-        runs = [summarize_result(analyze_result(p), label=n, counters=_counters(p)) for p, n in zip((before, after), names)]
+        results = [analyze_result(p) for p in (before, after)]
+        for r in results:
+            warn_read_flags(r.meta)
+        runs = [summarize_result(r, label=n, counters=_counters(p)) for r, p, n in zip(results, (before, after), names)]
         from tracekit.schema import read_metadata
 
         res = diff_runs(runs[0], runs[1], labels=names, top=top,  # metadata: device / format / shape comparability notes

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from tracekit import _interrupt
-from tracekit.commands._common import handle_errors
+from tracekit.commands._common import handle_errors, warn_read_flags
 
 __all__ = ["register"]
 
@@ -39,6 +39,7 @@ def register(app: typer.Typer) -> None:
         note_input(trace)
         check_output_path(perfetto, force=force)  # not the input, a device, a FIFO or a directory
         df, meta = read_trace(trace)
+        warn_read_flags(meta)
         _interrupt.check("export")
         analysis = None if no_analysis else _analysis(df, meta)
         _interrupt.check("export")

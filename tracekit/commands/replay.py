@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from tracekit.commands._common import handle_errors
+from tracekit.commands._common import handle_errors, warn_read_flags
 
 __all__ = ["register"]
 
@@ -37,7 +37,11 @@ def register(app: typer.Typer) -> None:
         from tracekit.schema import atomic_path, check_output_path, read_trace
 
         df, meta = read_trace(trace)
-        target = read_trace(durations_from)[0] if durations_from is not None else None
+        warn_read_flags(meta)
+        target = None
+        if durations_from is not None:
+            target, target_meta = read_trace(durations_from)
+            warn_read_flags(target_meta)
         if out is not None:  # before the work: --out is never one of the traces just read, a device or a directory
             check_output_path(out, force=force)
         # the collective matching of the analysis (one owner; the same instances analyze reports), on the trace's clock

@@ -9,7 +9,7 @@ from typing import Any, Optional
 import typer
 
 from tracekit import _interrupt
-from tracekit.commands._common import at_least, handle_errors
+from tracekit.commands._common import at_least, handle_errors, warn_read_flags
 
 __all__ = ["register"]
 
@@ -56,6 +56,7 @@ def register(app: typer.Typer) -> None:
         note_input(trace)
         check_output_path(out, force=force)  # not the input, a device, a FIFO or a directory
         df, meta = read_trace(trace)
+        warn_read_flags(meta)
         _interrupt.check("timeline")
         analysis = None if no_analysis else _analysis(df, meta)
         _interrupt.check("timeline")

@@ -30,7 +30,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Mapping
+from typing import IO, Any, Mapping, cast
 
 import numpy as np
 import polars as pl
@@ -217,10 +217,12 @@ def export_perfetto(
     stalls = analysis_events(analysis.get("stalls"))
     pcie = analysis_events(analysis.get("pcie_phases"))
     flows = _collective_flows(tracks.ops, tracks.streams, analysis)
-    opener = gzip.open if name.endswith(".gz") else open
-    with atomic_path(out, force=force) as tmp:
-        kw: dict[str, Any] = {"compresslevel": compresslevel} if name.endswith(".gz") else {}
-        with opener(tmp, "wb", **kw) as fh:
+    with atomic_path(out, force=force) as tmp, open(tmp, "wb") as raw:
+        # gzip header without a file name or a time: the same trace exports to the same bytes (the default header
+        # held the temp file's random name and the time of the run)
+        gz = gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=compresslevel, mtime=0) if name.endswith(".gz") else None
+        fh = cast(IO[bytes], gz) if gz is not None else raw
+        with fh:
             fh.write(b'{"traceEvents":[\n')
             sink = _Sink(fh, base)
             for r in ranks:
