@@ -39,7 +39,7 @@ except ImportError:  # pragma: no cover - older typer: click itself
 
 from tracekit._errors import TracekitError  # noqa: E402
 from tracekit._memory import configure_env  # noqa: E402
-from tracekit.commands import _common  # noqa: E402
+from tracekit.commands import _common, _ranges  # noqa: E402
 from tracekit import _env  # noqa: E402
 
 __all__ = ["app", "main"]
@@ -56,6 +56,7 @@ class _Command(TyperCommand):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _flags_read_as_flags(self.params)
+        _ranges.install(self, str(self.name))  # every numeric option: finite and in its range, shown in --help
 
     def get_help_option(self, ctx: Any) -> Any:
         opt = super().get_help_option(ctx)

@@ -273,7 +273,7 @@ def test_stale_part_directories_of_dead_conversions_are_removed(tmp_path: Path) 
         (["analyze", "{t}", "--window", "nan:1s"], ["nan:1s", "finite"]),
         (["analyze", "{t}", "--window", "0.1s:1e400s"], ["finite"]),
         (["analyze", "{t}", "--skip-steps", "-1"], ["--skip-steps -1", "at least 0"]),
-        (["analyze", "{t}", "--top", "-1"], ["--top -1", "at least 0"]),
+        (["analyze", "{t}", "--top", "-1"], ["--top -1", "at least 1"]),  # issue 31: --top 0 refused as by diff
         (["timeline", "{t}", "-o", "{o}", "--window", "0.1s:inf"], ["inf"]),
         (["timeline", "{t}", "-o", "{o}", "--window", "100s:200s"], ["outside the capture"]),
         (["timeline", "{t}", "-o", "{o}", "--max-segments", "-1"], ["--max-segments -1"]),

@@ -185,7 +185,7 @@ def _command(cmd: str, inp: Path, other: Path, out: Path, opts: dict[str, str | 
     if cmd == "export":
         return ["export", inp, "--perfetto", out, *f]
     if cmd == "replay":
-        return ["replay", inp, "--json", *f, *pick("-w"), *(["--out", out] if opts.get("--out") else []),
+        return ["replay", inp, "--json", *f, *pick("-w", "--gap-scale"), *(["--out", out] if opts.get("--out") else []),
                 *(["--durations-from", other] if opts.get("--durations-from") else [])]
     return ["diff", inp, other, *f, *pick("--top"), *(["--html", out] if opts.get("--html") else [])]
 
@@ -237,7 +237,10 @@ def _deny_reads_for_root(paths: list[Path]):  # type: ignore[no-untyped-def]
         "--max-segments": st.one_of(st.none(), VALUES), "-j": st.one_of(st.none(), st.sampled_from(["1", "2", "0", "-3", "x"])),
         "-w": st.one_of(st.none(), st.sampled_from(["dense_gemm=inf", "moe_gemm=0.5", "communication=nan", "allreduce=bw:0GB/s",
                                                     "allreduce=bw:1e999GB/s", "no-host-sync", "x=1", "cuda-graph:node=-1us",
-                                                    "re:(=0.5", "gemm=-1", "=", "allreduce=nvlink-h200+moe_gemm=2"])),
+                                                    "re:(=0.5", "gemm=-1", "=", "allreduce=nvlink-h200+moe_gemm=2",
+                                                    "dense_gemm=1e308", "re:'void.+Kernel'=0.5", "re:'open=1",
+                                                    r"re:a\+b=2+no-host-sync", "allreduce=bw:1e-300GB/s"])),
+        "--gap-scale": st.one_of(st.none(), st.sampled_from(["nan", "inf", "-1", "1e308", "0", "1.5", "100", "101"])),
         "--out": st.one_of(st.none(), st.just("1")), "--durations-from": st.one_of(st.none(), st.just("1")),
         "--html": st.one_of(st.none(), st.just("1")),
     }),

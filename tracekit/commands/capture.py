@@ -28,7 +28,13 @@ def parse_duration(text: str, flag: str = "--duration") -> float:
         raise UsageError(f"{flag} {text!r}: use a number with s, m or ms (e.g. 30s)")
     v = float(m.group(1))
     scale = {"ms": 1e-3, "s": 1.0, None: 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}[m.group(2)]
+    if v * scale > MAX_DURATION_S:  # a timer that long overflows, and no capture runs for weeks
+        raise UsageError(f"{flag} {text!r}: at most {MAX_DURATION_S // 86400} days")
     return v * scale
+
+
+#: longest --duration / --delay / --window accepted (s)
+MAX_DURATION_S = 30 * 86400
 
 
 #: CPU ranks allowed per core without --oversubscribe (the tiny gloo workload shares cores well up to this)

@@ -92,4 +92,6 @@ def parse_fabric(text: str, spec: str = "") -> Fabric:
                              f"({', '.join(PRESETS)})")
     if not bw or bw <= 0:
         raise UsageError(f"what-if {spec!r}: fabric needs a positive bandwidth (bw:400GB/s) or a preset")
+    if not 1e6 <= bw <= 1e15 or lat is not None and not 0 <= lat <= 1e9:  # 1 MB/s..1 PB/s, 0..1 s: int64 ns hold them
+        raise UsageError(f"what-if {spec!r}: bandwidth must be in 0.001GB/s..1000000GB/s and latency in 0..1s")
     return Fabric(bw, lat if lat is not None else 0.0, name or f"bw:{bw / 1e9:g}GB/s,lat:{(lat or 0) / 1e3:g}us")

@@ -1,6 +1,7 @@
 """What-if scenarios: parse ``--what-if`` specs and apply them to :class:`SimInputs`.
 
-Spec grammar (one scenario per flag; ``+`` combines edits in one scenario):
+Spec grammar (one scenario per flag; ``+`` combines edits in one scenario; a regex that holds ``+`` is
+quoted, ``re:'fused.+moe'=0.5``, or writes it ``\\+`` for a literal plus: :func:`split_edits`):
 
 * ``<target>=<factor>`` — scale GPU op durations. ``target`` is a category
   (``moe_gemm``), a family rule id (``allreduce.nccl``) or ``re:<regex>`` on the
@@ -193,17 +194,55 @@ def _graph_edit(node_ns: int, launch_ns: int) -> Callable[[ReplayGraph, SimInput
 _T = {"ns": 1, "us": 1000, "µs": 1000, "ms": 1_000_000}
 
 
+#: largest duration factor (a GPU op 1000x slower); a larger one overflows int64 ns on a long trace
+MAX_FACTOR = 1000.0
+#: largest cuda-graph node / launch overhead
+MAX_OVERHEAD_NS = 10**9
+
+
 def _dur_ns(text: str, spec: str) -> int:
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ns|us|µs|ms)?\s*", text)
     if not m:
         raise UsageError(f"what-if {spec!r}: cannot read duration {text!r}; e.g. 0.3us")
-    return int(round(float(m.group(1)) * _T[m.group(2) or "us"]))
+    ns = int(round(float(m.group(1)) * _T[m.group(2) or "us"]))
+    if ns > MAX_OVERHEAD_NS:
+        raise UsageError(f"what-if {spec!r}: duration {text!r} is above 1 s; an overhead is 0..1000ms")
+    return ns
+
+
+def split_edits(spec: str) -> list[str]:
+    """The edits of one scenario: ``spec`` cut at each ``+`` outside quotes. A quoted part (``'...'`` or ``"..."``)
+    is kept verbatim without its quotes (``re:'a+b'=0.5`` is the regex ``a+b``); ``\\+`` is kept as is (a
+    regex's literal plus) and never cuts."""
+    parts, cur, quote, i = [], [], "", 0
+    while i < len(spec):
+        ch = spec[i]
+        if quote:
+            if ch == quote:
+                quote = ""
+            else:
+                cur.append(ch)
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "\\" and spec[i + 1: i + 2] == "+":
+            cur.append("\\+")
+            i += 1
+        elif ch == "+":
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+        i += 1
+    if quote:
+        raise UsageError(f"what-if {spec!r}: a quote ({quote}) is not closed")
+    parts.append("".join(cur))
+    return [p.strip() for p in parts if p.strip()]
 
 
 def parse_whatif(spec: str) -> WhatIf:
     """Parse one ``--what-if`` value (see module doc); raises :class:`UsageError` on bad specs."""
     w = WhatIf(spec=spec)
-    for part in [p.strip() for p in spec.split("+") if p.strip()]:
+    for part in split_edits(spec):
         low = part.lower()
         if low in ("no-host-sync", "no-sync", "remove-syncs", "nosync"):
             w.edits.append(_no_sync_edit)
@@ -231,8 +270,8 @@ def parse_whatif(spec: str) -> WhatIf:
         except ValueError:
             factor = None
         if factor is not None:
-            if not math.isfinite(factor) or factor < 0:
-                raise UsageError(f"what-if {spec!r}: factor must be a finite number >= 0 (e.g. 0.5)")
+            if not math.isfinite(factor) or not 0 <= factor <= MAX_FACTOR:
+                raise UsageError(f"what-if {spec!r}: factor must be a finite number in 0..{MAX_FACTOR:g} (e.g. 0.5)")
             w.edits.append(_scale_edit(lhs, factor, spec))
             continue
         coll = _COLL_ALIASES.get(lhs.lower())
