@@ -17,11 +17,8 @@ LIMIT = 80
 NOT_YET: dict[str, int] = {
     "tracekit/report/timeline_detail.py::detail_payload": 191,
     "tracekit/ingest/convert.py::convert": 182,
-    "tracekit/capture/program_hook.py::install": 176,
     "tracekit/replay/api.py::replay": 116,
-    "tracekit/capture/sglang_client.py::_capture_level": 102,
     "tracekit/capture/orchestrate.py::run_builtin": 96,
-    "tracekit/capture/sglang_client.py::capture_sglang": 82,
 }
 
 

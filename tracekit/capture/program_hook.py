@@ -37,9 +37,9 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from tracekit.capture.profiler import quiet_profiler_log
 from tracekit.capture.window import FileBoard, WindowController, WindowSpec
@@ -51,7 +51,6 @@ ENV_DIR = _env.CAPTURE_DIR
 ENV_SPEC = _env.CAPTURE_SPEC
 TICK_SIGNAL = int(getattr(signal, "SIGRTMAX", 64)) - 3  # never sent by the OS here; interrupt_main only
 _MAX_RECORDS = 2_000_000
-_STATE: dict[str, Any] = {}
 
 
 def _say(msg: str) -> None:
@@ -101,7 +100,7 @@ class TorchBackend:
 
         from tracekit.capture.profiler import torch_profiler_factory
 
-        self.torch = torch
+        self.torch: Any = torch
         self.cuda = bool(torch.cuda.is_available())
         self.factory = torch_profiler_factory(cuda=self.cuda)
         self.out_dir, self.rank = out_dir, rank
@@ -159,174 +158,228 @@ def _write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def install(t0_ns: int | None = None) -> bool:
-    """Hook this process (see the module docstring); False when not asked to or already done."""
-    out_s = _env.get(ENV_DIR)
-    if not out_s or _STATE:
-        return False
-    out = Path(out_s)
-    cfg = json.loads(_env.get(ENV_SPEC) or "{}")
-    spec = WindowSpec.from_json(cfg.get("spec") or {})
-    step_rxs = [re.compile(p) for p in (cfg.get("step_re") or [])]  # the grammar's families (one regex each)
-    t0 = int(t0_ns or time.time_ns())
+class _Run(NamedTuple):
+    """Who this process is in the capture."""
+
+    out: Path
+    rank: int
+    world: int
+    t0_ns: int
+    launched: bool  # by torchrun (RANK set): rank 0 leads the windows; else the process leads itself
+
+
+def _identify(out: Path, t0_ns: int) -> _Run:
     launched = _env.is_set(_env.RANK)
     if launched:
         rank, world = int(_env.get(_env.RANK) or ""), int(_env.get(_env.WORLD_SIZE) or "1")
     else:
         rank, world = _claim_rank(out), 1
-    leader = rank == 0 or not launched
-    board = FileBoard(out / ("board.jsonl" if launched else f"board.rank{rank}.jsonl"))
-    _write_json(out / f"rank{rank}.state.json", {"rank": rank, "world": world, "pid": os.getpid(), "t0_ns": t0,
-                                                 "local_rank": _env.get(_env.LOCAL_RANK), "launched": launched})
-    import torch
-    from torch.autograd import profiler as _ap
+    return _Run(out, rank, world, t0_ns, launched)
 
-    rf = _ap.record_function
-    orig_enter, orig_exit = rf.__enter__, rf.__exit__
-    records: list[list[Any]] = []
-    st: dict[str, Any] = {"busy": False, "depth": 0, "written": False}
-    main_ident = threading.main_thread().ident
-    cache: dict[str, bool] = {}
-    named = bool(spec.start_at) and spec.start_at != "step"
 
-    def restore() -> None:
-        if rf.__dict__.get("__enter__") is enter:
-            rf.__enter__, rf.__exit__ = orig_enter, orig_exit  # type: ignore[method-assign]
+class _Hook:
+    """The live hook of one process: record_function's enter and exit, the tick, the finish.
 
-    def write_out(c: WindowController) -> None:
-        if st["written"]:
-            return
-        st["written"] = True
-        restore()
-        dev = None
+    ``busy`` keeps the controller from being re-entered (a range opened by the profiler's own stop, a tick
+    arriving inside a step's bookkeeping); a signal held during an export is delivered once it is clear.
+    """
+
+    def __init__(self, run: _Run, cfg: dict[str, Any], backend: TorchBackend, torch: Any, rf: Any) -> None:
+        spec = WindowSpec.from_json(cfg.get("spec") or {})
+        self.run, self.backend, self.torch, self.rf = run, backend, torch, rf
+        self.step_rxs = [re.compile(p) for p in (cfg.get("step_re") or [])]  # the grammar's families
+        self.named = bool(spec.start_at) and spec.start_at != "step"
+        self.orig_enter, self.orig_exit = rf.__enter__, rf.__exit__
+        self.records: list[list[Any]] = []
+        self.dropped = 0
+        self.busy = self.written = self.tick_pending = False
+        self.depth = 0
+        self.main_ident = threading.main_thread().ident
+        self.cache: dict[str, bool] = {}
+        board = FileBoard(run.out / ("board.jsonl" if run.launched else f"board.rank{run.rank}.jsonl"))
+        leader = run.rank == 0 or not run.launched
+        self.ctl = WindowController(spec, backend, board, time.time_ns, run.t0_ns, leader=leader, world=run.world,
+                                    on_done=self.write_out)
+
+        def enter(rf_self: Any) -> Any:
+            return self.enter(rf_self)
+
+        def exit_(rf_self: Any, *a: Any) -> Any:
+            return self.exit_(rf_self, *a)
+
+        self._enter, self._exit = enter, exit_
+
+    def attach(self) -> None:
+        self.rf.__enter__, self.rf.__exit__ = self._enter, self._exit
+
+    def restore(self) -> None:
+        if self.rf.__dict__.get("__enter__") is self._enter:
+            self.rf.__enter__, self.rf.__exit__ = self.orig_enter, self.orig_exit
+
+    def _guarded(self, step: Callable[[], None]) -> None:
+        """Run one controller step with ``busy`` set, then deliver a Ctrl-C held during an export, as if it came now."""
+        self.busy = True
         try:
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
-                dev = int(torch.cuda.current_device())
-        except Exception:  # noqa: BLE001
-            pass
-        _write_json(out / f"rank{rank}.extra.json", {
-            "rank": rank, "world": world, "pid": os.getpid(), "t0_ns": t0, "torch": torch.__version__,
-            "cuda_device": dev, "cuda_visible_devices": _env.get(_env.CUDA_VISIBLE_DEVICES),
-            "windows": c.windows, "errors": c.errors, "done_reason": c.done_reason,
-            "capture_start_ns": c.capture_start_ns, "steps_seen": c.steps_seen,
-            "records": records, "records_dropped": st.get("dropped", 0),
-        })
-        (out / f"rank{rank}.done").write_text(c.done_reason)
+            step()
+        finally:
+            self.busy = False
+        if self.backend.held:
+            _deliver(self.backend.held)
 
-    try:
-        backend = TorchBackend(out, rank)
-    except Exception as e:  # noqa: BLE001
-        _say(f"rank {rank}: no profiler ({type(e).__name__}: {e})")
-        return False
-    ctl = WindowController(spec, backend, board, time.time_ns, t0, leader=leader, world=world, on_done=write_out)
+    def _is_step(self, name: str) -> bool:
+        hit = self.cache.get(name)
+        if hit is None:
+            hit = any(rx.search(name) for rx in self.step_rxs)
+            if len(self.cache) < 100_000:
+                self.cache[name] = hit
+        return hit
 
-    def enter(self: Any) -> Any:
-        if not st["busy"] and threading.get_ident() == main_ident:
-            name = self.name
-            hit = cache.get(name)
-            if hit is None:
-                hit = any(rx.search(name) for rx in step_rxs)
-                if len(cache) < 100_000:
-                    cache[name] = hit
-            st["busy"] = True
-            try:
-                if hit and st["depth"] == 0:
-                    st["depth"] = 1
-                    self._tk_step = True
-                    ctl.begin_step()
-                    w = ctl._open
-                    self._tk_rec = [time.time_ns(), 0, name, w["k"] if w is not None else -1]
-                elif named and not hit:
-                    ctl.range_enter(name)
-            finally:
-                st["busy"] = False
-            if backend.held:
-                _deliver(backend.held)  # a Ctrl-C held during an export lands here, as if it came now
-        return orig_enter(self)
+    def enter(self, rf_self: Any) -> Any:
+        if not self.busy and threading.get_ident() == self.main_ident:
+            name = rf_self.name
+            hit = self._is_step(name)
+            self._guarded(lambda: self._range_opens(rf_self, name, hit))
+        return self.orig_enter(rf_self)
 
-    def exit_(self: Any, *a: Any) -> Any:
-        if "_tk_step" not in self.__dict__:
-            return orig_exit(self, *a)
+    def _range_opens(self, rf_self: Any, name: str, hit: bool) -> None:
+        if hit and self.depth == 0:
+            self.depth = 1
+            rf_self._tk_step = True
+            self.ctl.begin_step()
+            w = self.ctl._open
+            rf_self._tk_rec = [time.time_ns(), 0, name, w["k"] if w is not None else -1]
+        elif self.named and not hit:
+            self.ctl.range_enter(name)
+
+    def exit_(self, rf_self: Any, *a: Any) -> Any:
+        if "_tk_step" not in rf_self.__dict__:
+            return self.orig_exit(rf_self, *a)
         # a step's range closes in the profiler and in the window's count together: a Ctrl-C between the two
         # left a whole step in the trace that its window did not count; held here, delivered right after
         with deferred_signals():
-            return _exit_step(self, *a)
+            return self._exit_step(rf_self, *a)
 
-    def _exit_step(self: Any, *a: Any) -> Any:
-        r = orig_exit(self, *a)
-        rec = self.__dict__.pop("_tk_rec", None)
-        if self.__dict__.pop("_tk_step", False):
-            st["depth"] = 0
+    def _exit_step(self, rf_self: Any, *a: Any) -> Any:
+        r = self.orig_exit(rf_self, *a)
+        rec = rf_self.__dict__.pop("_tk_rec", None)
+        if rf_self.__dict__.pop("_tk_step", False):
+            self.depth = 0
             if rec is not None:
                 rec[1] = time.time_ns()
-                if len(records) < _MAX_RECORDS:
-                    records.append(rec)
+                if len(self.records) < _MAX_RECORDS:
+                    self.records.append(rec)
                 else:
-                    st["dropped"] = st.get("dropped", 0) + 1
-            st["busy"] = True
-            try:
-                ctl.end_step()
-            finally:
-                st["busy"] = False
-            if backend.held:
-                _deliver(backend.held)
+                    self.dropped += 1
+            self._guarded(self.ctl.end_step)
         return r
 
-    rf.__enter__, rf.__exit__ = enter, exit_  # type: ignore[method-assign]
-
-    def finish(reason: str) -> None:
-        st["busy"] = True
+    def _cuda_device(self) -> int | None:
         try:
-            if backend.prof is not None and not ctl.recording:  # started, but an interrupt came before the controller knew
-                ctl.errors.append("a profiler window was interrupted as it opened; stopped without export")
+            if self.torch.cuda.is_available() and self.torch.cuda.is_initialized():
+                return int(self.torch.cuda.current_device())
+        except Exception:  # noqa: BLE001
+            pass
+        return None
+
+    def write_out(self, c: WindowController) -> None:
+        """Unhook, then write ``rank{r}.extra.json`` and ``rank{r}.done`` (once)."""
+        if self.written:
+            return
+        self.written = True
+        self.restore()
+        run = self.run
+        _write_json(run.out / f"rank{run.rank}.extra.json", {
+            "rank": run.rank, "world": run.world, "pid": os.getpid(), "t0_ns": run.t0_ns,
+            "torch": self.torch.__version__, "cuda_device": self._cuda_device(),
+            "cuda_visible_devices": _env.get(_env.CUDA_VISIBLE_DEVICES),
+            "windows": c.windows, "errors": c.errors, "done_reason": c.done_reason,
+            "capture_start_ns": c.capture_start_ns, "steps_seen": c.steps_seen,
+            "records": self.records, "records_dropped": self.dropped,
+        })
+        (run.out / f"rank{run.rank}.done").write_text(c.done_reason)
+
+    def finish(self, reason: str) -> None:
+        """Close the capture (exit, SIGTERM, or complete): the open window exported, the outputs written."""
+        self.busy = True
+        try:
+            if self.backend.prof is not None and not self.ctl.recording:  # started; interrupted before the controller knew
+                self.ctl.errors.append("a profiler window was interrupted as it opened; stopped without export")
                 with deferred_signals(deliver=False), quiet_profiler_log():
                     try:
-                        backend.prof.stop()
+                        self.backend.prof.stop()
                     except Exception:  # noqa: BLE001
                         pass
-                backend.prof = None
-            ctl.finish(reason)
+                self.backend.prof = None
+            self.ctl.finish(reason)
         except Exception as e:  # noqa: BLE001
-            _say(f"rank {rank}: capture finish failed: {type(e).__name__}: {e}")
+            _say(f"rank {self.run.rank}: capture finish failed: {type(e).__name__}: {e}")
         finally:
-            write_out(ctl)  # no-op when on_done already wrote
+            self.write_out(self.ctl)  # no-op when on_done already wrote
 
-    atexit.register(finish, "exit")
-    on_main = threading.current_thread() is threading.main_thread()
-    if on_main:
-        def on_tick(_s: int, _f: Any) -> None:
-            st["tick_pending"] = False
-            if not st["busy"]:
-                st["busy"] = True
+    def on_tick(self, _s: int, _f: Any) -> None:
+        self.tick_pending = False
+        if not self.busy:
+            self._guarded(self.ctl.tick)
+
+    def on_term(self, _s: int, _f: Any) -> None:
+        self.finish("SIGTERM")
+        os._exit(143)
+
+    def ticker(self) -> None:
+        """Ask the main thread to run the time-based boundaries (no OS signal: interrupt_main)."""
+        while not self.ctl.done:
+            time.sleep(0.01)
+            if self.ctl.wants_tick() and not self.tick_pending:
+                self.tick_pending = True
                 try:
-                    ctl.tick()
-                finally:
-                    st["busy"] = False
-                if backend.held:
-                    _deliver(backend.held)
+                    _thread.interrupt_main(TICK_SIGNAL)  # type: ignore[arg-type]
+                except Exception:  # noqa: BLE001
+                    return
 
-        signal.signal(TICK_SIGNAL, on_tick)
+    def arm_signals(self) -> None:
+        """On the main thread: the tick handler, a SIGTERM that finishes first, and the ticker thread."""
+        signal.signal(TICK_SIGNAL, self.on_tick)
         if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-            def on_term(_s: int, _f: Any) -> None:
-                finish("SIGTERM")
-                os._exit(143)
+            signal.signal(signal.SIGTERM, self.on_term)
+        threading.Thread(target=self.ticker, name="tracekit-ticker", daemon=True).start()
 
-            signal.signal(signal.SIGTERM, on_term)
 
-        def ticker() -> None:
-            while not ctl.done:
-                time.sleep(0.01)
-                if ctl.wants_tick() and not st.get("tick_pending"):
-                    st["tick_pending"] = True
-                    try:
-                        _thread.interrupt_main(TICK_SIGNAL)  # type: ignore[arg-type]
-                    except Exception:  # noqa: BLE001
-                        return
+#: the one hook of this process (record_function, which it patches, is process-wide too); set once by install
+_HOOK: list[_Hook] = []
 
-        threading.Thread(target=ticker, name="tracekit-ticker", daemon=True).start()
+
+def install(t0_ns: int | None = None) -> bool:
+    """Hook this process (see the module docstring); False when not asked to or already done."""
+    out_s = _env.get(ENV_DIR)
+    if not out_s or _HOOK:
+        return False
+    out = Path(out_s)
+    cfg = json.loads(_env.get(ENV_SPEC) or "{}")
+    run = _identify(out, int(t0_ns or time.time_ns()))
+    _write_json(out / f"rank{run.rank}.state.json", {
+        "rank": run.rank, "world": run.world, "pid": os.getpid(), "t0_ns": run.t0_ns,
+        "local_rank": _env.get(_env.LOCAL_RANK), "launched": run.launched})
+    import torch
+    from torch.autograd import profiler as _ap
+
+    try:
+        backend = TorchBackend(out, run.rank)
+    except Exception as e:  # noqa: BLE001
+        _say(f"rank {run.rank}: no profiler ({type(e).__name__}: {e})")
+        return False
+    hook = _Hook(run, cfg, backend, torch, _ap.record_function)
+    hook.attach()
+    atexit.register(hook.finish, "exit")
+    if threading.current_thread() is threading.main_thread():
+        hook.arm_signals()
     else:
-        _say(f"rank {rank}: torch imported off the main thread; windows follow steps only")
-    _STATE.update(ctl=ctl, records=records, finish=finish)
+        _say(f"rank {run.rank}: torch imported off the main thread; windows follow steps only")
+    _HOOK.append(hook)
+    _install_module_context(run.rank)
+    return True
+
+
+def _install_module_context(rank: int) -> None:
     if _env.flag(_env.MODULE_CONTEXT):
         try:  # opt-in (capture --module-context): its overhead is well above 1% of a fast step on a GPU
             from tracekit.capture import module_context
@@ -334,4 +387,3 @@ def install(t0_ns: int | None = None) -> bool:
             module_context.install()
         except Exception as e:  # noqa: BLE001 - never break the program
             _say(f"rank {rank}: module context not installed: {type(e).__name__}: {e}")
-    return True

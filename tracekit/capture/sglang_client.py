@@ -551,18 +551,9 @@ def capture_sglang(
     *server* writes (a unique subdirectory is made in it; default: the system temp dir), so it must
     be a path both see.
     """
-    from tracekit.capture.loadgen import LoadSpec, parse_levels
-
     warn = log or (lambda m: print(f"tracekit: {m}", file=sys.stderr, flush=True))  # also without progress
     say = log or (warn if progress else (lambda m: None))
-    out = Path(out)
-    levels = parse_levels(load) if not isinstance(load, (list, tuple)) else [int(x) for x in load]
-    outs = level_outputs(out, levels)
-    for o in outs:
-        if o.exists() and not force:
-            raise OutputError(f"{o}: exists; pass --force to overwrite")
-        if not o.parent.exists():
-            raise OutputError(f"{o}: directory {o.parent} does not exist; create it first")
+    levels, outs = _level_outputs_checked(Path(out), load, force)
     if duration_s <= 0 and num_steps is None:
         raise UsageError("give a positive --duration or --steps")
 
@@ -573,25 +564,15 @@ def capture_sglang(
     if not info:
         result.quality.append(Quality("sglang_no_server_info", "GET /server_info failed; rank count unknown, "
                                       "waiting for the files to settle instead"))
-    model = None
-    try:
-        model = _get_json(url, "/model_info", 5.0).get("served_model_name")
-    except CaptureError:
-        pass
+    model = _served_model(url)
     say(f"SGLang {caps.version or '(version unknown)'} at {url}, tp_size={info.get('tp_size', '?')}")
-    base_dir = Path(output_dir) if output_dir is not None else Path(tempfile.gettempdir())
+    plan = _LevelPlan(url=url, info=info, caps=caps, duration_s=duration_s, num_steps=num_steps, start_step=start_step,
+                      with_stack=with_stack, record_shapes=record_shapes,
+                      base_dir=Path(output_dir) if output_dir is not None else Path(tempfile.gettempdir()),
+                      poll_timeout_s=poll_timeout_s, warmup_s=load_warmup_s, step_dir=step_dir,
+                      telemetry=telemetry and _is_local(url), force=force, say=say, warn=warn)
     for lv, o in zip(levels or [0], outs):
-        spec = None
-        if lv:
-            spec = load_spec if isinstance(load_spec, LoadSpec) else LoadSpec(concurrency=lv)
-            if spec.concurrency != lv or (model and not spec.model):
-                spec = replace(spec, concurrency=lv, model=spec.model or model)
-        result.levels.append(_capture_level(url, info, caps, o, duration_s=duration_s, num_steps=num_steps,
-                                            start_step=start_step, with_stack=with_stack, record_shapes=record_shapes,
-                                            base_dir=base_dir, poll_timeout_s=poll_timeout_s, spec=spec,
-                                            warmup_s=load_warmup_s, step_dir=step_dir,
-                                            telemetry=telemetry and _is_local(url), force=force, say=say, warn=warn,
-                                            quality=result.quality))
+        result.levels.append(_capture_level(plan, o, _level_spec(lv, load_spec, model), result.quality))
         if result.levels[-1].interrupted:
             break  # Ctrl-C: the levels not started yet are not run
     if telemetry and not _is_local(url):
@@ -599,108 +580,201 @@ def capture_sglang(
     return result
 
 
-def _capture_level(url: str, info: dict[str, Any], caps: Capabilities, out: Path, *, duration_s: float,
-                   num_steps: int | None, start_step: int | None, with_stack: bool, record_shapes: bool,
-                   base_dir: Path, poll_timeout_s: float, spec: Any, warmup_s: float, step_dir: Any,
-                   telemetry: bool, force: bool, say: Callable[[str], None], warn: Callable[[str], None],
-                   quality: list[Quality]) -> LevelCapture:
-    from tracekit.capture.loadgen import LoadGenerator
+def _level_outputs_checked(out: Path, load: int | str | Sequence[int] | None, force: bool) -> tuple[list[int], list[Path]]:
+    """The load levels and the file each writes; OutputError before any work when one cannot be written."""
+    from tracekit.capture.loadgen import parse_levels
 
+    levels = parse_levels(load) if load is None or isinstance(load, (str, int)) else [int(x) for x in load]
+    outs = level_outputs(out, levels)
+    for o in outs:
+        if o.exists() and not force:
+            raise OutputError(f"{o}: exists; pass --force to overwrite")
+        if not o.parent.exists():
+            raise OutputError(f"{o}: directory {o.parent} does not exist; create it first")
+    return levels, outs
+
+
+def _served_model(url: str) -> Any:
+    try:
+        return _get_json(url, "/model_info", 5.0).get("served_model_name")
+    except CaptureError:
+        return None
+
+
+def _level_spec(level: int, load_spec: Any, model: Any) -> Any:
+    """The load of one level (None: no load): ``load_spec`` at this level's concurrency, the served model by default."""
+    from tracekit.capture.loadgen import LoadSpec
+
+    if not level:
+        return None
+    spec = load_spec if isinstance(load_spec, LoadSpec) else LoadSpec(concurrency=level)
+    if spec.concurrency != level or (model and not spec.model):
+        spec = replace(spec, concurrency=level, model=spec.model or model)
+    return spec
+
+
+@dataclass(frozen=True)
+class _LevelPlan:
+    """What every level of one :func:`capture_sglang` call shares."""
+
+    url: str
+    info: dict[str, Any]
+    caps: Capabilities
+    duration_s: float
+    num_steps: int | None
+    start_step: int | None
+    with_stack: bool
+    record_shapes: bool
+    base_dir: Path
+    poll_timeout_s: float
+    warmup_s: float
+    step_dir: Any
+    telemetry: bool
+    force: bool
+    say: Callable[[str], None]
+    warn: Callable[[str], None]
+
+
+@dataclass
+class _Profiled:
+    """What one profile window gave: its bounds, the files (when the server stopped by itself), the side data."""
+
+    t0_ns: int
+    t1_ns: int = 0
+    files: list[Path] | None = None
+    interrupted: bool = False
+    load: dict[str, Any] | None = None
+    telemetry: Any = None
+
+
+def _new_profile_dir(base_dir: Path) -> tuple[str, Path]:
     profile_id = f"tracekit-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
     run_dir = (base_dir / profile_id).resolve()
     try:
         run_dir.mkdir(parents=True, exist_ok=False)
     except OSError as e:
         raise OutputError(f"{run_dir}: cannot create the profile directory ({e}); pass --output-dir") from None
-    body = build_profile_request(str(run_dir), caps=caps, profile_id=profile_id, num_steps=num_steps,
-                                 start_step=start_step, with_stack=with_stack, record_shapes=record_shapes)
-    expected = expected_ranks(info)
-    pid = profile_id if caps.profile_id else None  # only used to check the names: the dir is fresh, glob it all
+    return profile_id, run_dir
+
+
+def _capture_level(plan: _LevelPlan, out: Path, spec: Any, quality: list[Quality]) -> LevelCapture:
+    """Profile one level (under ``spec``'s load, if any), collect every rank's file and convert them to ``out``."""
+    profile_id, run_dir = _new_profile_dir(plan.base_dir)
+    body = build_profile_request(str(run_dir), caps=plan.caps, profile_id=profile_id, num_steps=plan.num_steps,
+                                 start_step=plan.start_step, with_stack=plan.with_stack,
+                                 record_shapes=plan.record_shapes)
+    expected = expected_ranks(plan.info)
     notes: list[Quality] = []
-    tel = _Telemetry(info, notes, say) if telemetry else None
-    gen = LoadGenerator(url, spec) if spec is not None else None
-    load_result = None
-    started = False
-    files: list[Path] | None = None
-    interrupted = False
-    t0 = time.time_ns()
-    try:
-        if gen is not None:
-            say(f"load: {spec.concurrency} concurrent requests ({spec.endpoint}, prompt~{spec.prompt_tokens}, "
-                f"max_tokens={spec.max_tokens}); warming up {warmup_s:g}s")
-            gen.start()
-            time.sleep(warmup_s)
-            gen.mark()
-        if tel is not None:
-            tel.start()
-        t0 = time.time_ns()
-        _start_profile(url, body, timeout_s=60.0)
-        started = True
-        say(f"profiling into {run_dir} " + (f"for {num_steps} steps" if num_steps else f"for {duration_s:g}s"))
-        if num_steps is not None:
-            try:
-                files = wait_for_traces(run_dir, expected=expected, profile_id=None,
-                                        timeout_s=max(duration_s, 0) + poll_timeout_s, allow_missing=True)
-            except CaptureError:
-                notes.append(Quality("sglang_steps_incomplete", f"{num_steps} steps did not complete in time "
-                                     "(steps advance only while requests are served); stopped the profile by hand"))
-        else:
-            try:
-                _sleep_with_progress(duration_s, say, gen)
-            except KeyboardInterrupt:  # Ctrl-C while profiling: stop the profile, keep what it recorded
-                interrupted = True
-                warn("Ctrl-C received; stopping the profile and writing what was collected")
-    finally:
-        if started and files is None:
-            ok, why = _stop_profile(url, timeout_s=poll_timeout_s)
-            if not ok:
-                notes.append(Quality("sglang_stop_failed", f"/stop_profile: {why}" + (
-                    " (the server had stopped by itself)" if num_steps else ""), "info" if num_steps else "warning"))
-        t1 = time.time_ns()
-        tel_df = tel.stop() if tel is not None else None
-        if gen is not None:
-            load_result = gen.stop().to_json()
-    say("waiting for the trace files of every rank")
+    got = _profile_window(plan, body, run_dir, spec, expected, notes)
+    plan.say("waiting for the trace files of every rank")
+    files = got.files
     if files is None:
-        files = wait_for_traces(run_dir, expected=expected, profile_id=None, timeout_s=poll_timeout_s, allow_missing=True)
+        files = wait_for_traces(run_dir, expected=expected, profile_id=None, timeout_s=plan.poll_timeout_s,
+                                allow_missing=True)
     missing = missing_ranks(files, expected)
     if missing:
-        notes.append(missing_ranks_quality(missing, len(expected or ()), run_dir, poll_timeout_s))
-    if pid is not None and not all(f.name.startswith(profile_id) or f"-{profile_id}-" in f.name for f in files):
+        notes.append(missing_ranks_quality(missing, len(expected or ()), run_dir, plan.poll_timeout_s))
+    # the profile id is only checked in the names: the dir is fresh, all of it is globbed
+    if plan.caps.profile_id and not all(f.name.startswith(profile_id) or f"-{profile_id}-" in f.name for f in files):
         notes.append(Quality("sglang_profile_id_ignored", "the server ignored the client profile_id", "info"))
-    extra = [f for f in [tel_df] if f is not None]
-    if step_dir is not None:
-        from tracekit.capture.sglang_plugin import load_step_records
-        import polars as pl
-
-        lag_s = 1.5 - (time.time_ns() - t1) / 1e9  # ranks flush step records every <= 1 s
-        if lag_s > 0:
-            time.sleep(lag_s)
-        steps = load_step_records(step_dir)
-        steps = steps.filter((pl.col("ts_ns") >= t0) & (pl.col("ts_ns") <= t1))
-        if steps.height:
-            extra.append(steps)
-        else:
-            notes.append(Quality("sglang_no_step_records", f"no tracekit step records in {step_dir} during the capture; "
-                                 "was the server started with `tracekit launch`?"))
-    if interrupted:
+    extra = [f for f in [got.telemetry] if f is not None]
+    if plan.step_dir is not None:
+        extra.extend(_step_records(plan.step_dir, got, notes))
+    if got.interrupted:
         notes.append(Quality("capture_interrupted", "capture stopped early by Ctrl-C; kept what was collected", "info"))
     quality.extend(notes)
     meta = {
-        "sglang_server_info": info,
-        "capture": {"target": url, "mode": "sglang", "duration_s": (t1 - t0) / 1e9, "window_ns": [t0, t1],
-                    "profile_request": body, "profile_dir": str(run_dir), "load": load_result,
-                    "sglang_version": caps.version},
+        "sglang_server_info": plan.info,
+        "capture": {"target": plan.url, "mode": "sglang", "duration_s": (got.t1_ns - got.t0_ns) / 1e9,
+                    "window_ns": [got.t0_ns, got.t1_ns], "profile_request": body, "profile_dir": str(run_dir),
+                    "load": got.load, "sglang_version": plan.caps.version},
         "quality": [q.to_json() for q in notes],
     }
-    say(f"converting {len(files)} rank file(s) -> {out}")
-    conv = _convert(files, out, extra_frames=extra, metadata=meta, force=force)
+    plan.say(f"converting {len(files)} rank file(s) -> {out}")
+    conv = _convert(files, out, extra_frames=extra, metadata=meta, force=plan.force)
     if missing:
         labels = ", ".join(_rank_label(t, p) for t, p in missing)
-        warn(f"warning: partial trace: SGLang rank(s) {labels} wrote no trace file within {poll_timeout_s:g}s; "
-             f"wrote {out} with the other {len(files)} rank(s), flagged missing_ranks")
-    return LevelCapture(out=out, load=load_result, files=files, profile_dir=run_dir, profile_request=body,
-                        window_ns=(t0, t1), convert=conv, interrupted=interrupted)
+        plan.warn(f"warning: partial trace: SGLang rank(s) {labels} wrote no trace file within "
+                  f"{plan.poll_timeout_s:g}s; wrote {out} with the other {len(files)} rank(s), flagged missing_ranks")
+    return LevelCapture(out=out, load=got.load, files=files, profile_dir=run_dir, profile_request=body,
+                        window_ns=(got.t0_ns, got.t1_ns), convert=conv, interrupted=got.interrupted)
+
+
+def _profile_window(plan: _LevelPlan, body: dict[str, Any], run_dir: Path, spec: Any,
+                    expected: set[tuple[int, int]] | None, notes: list[Quality]) -> _Profiled:
+    """Load and telemetry on, ``/start_profile``, the duration (or the steps), then ``/stop_profile``: always, also
+    on Ctrl-C or an error, unless the server stopped by itself; the load and telemetry stopped after."""
+    from tracekit.capture.loadgen import LoadGenerator
+
+    say = plan.say
+    tel = _Telemetry(plan.info, notes, say) if plan.telemetry else None
+    gen = LoadGenerator(plan.url, spec) if spec is not None else None
+    got = _Profiled(t0_ns=time.time_ns())
+    started = False
+    try:
+        if gen is not None:
+            say(f"load: {spec.concurrency} concurrent requests ({spec.endpoint}, prompt~{spec.prompt_tokens}, "
+                f"max_tokens={spec.max_tokens}); warming up {plan.warmup_s:g}s")
+            gen.start()
+            time.sleep(plan.warmup_s)
+            gen.mark()
+        if tel is not None:
+            tel.start()
+        got.t0_ns = time.time_ns()
+        _start_profile(plan.url, body, timeout_s=60.0)
+        started = True
+        say(f"profiling into {run_dir} " + (f"for {plan.num_steps} steps" if plan.num_steps
+                                             else f"for {plan.duration_s:g}s"))
+        _profile_runs(plan, run_dir, gen, expected, got, notes)
+    finally:
+        if started and got.files is None:
+            ok, why = _stop_profile(plan.url, timeout_s=plan.poll_timeout_s)
+            if not ok:
+                notes.append(Quality("sglang_stop_failed", f"/stop_profile: {why}" + (
+                    " (the server had stopped by itself)" if plan.num_steps else ""),
+                    "info" if plan.num_steps else "warning"))
+        got.t1_ns = time.time_ns()
+        got.telemetry = tel.stop() if tel is not None else None
+        if gen is not None:
+            got.load = gen.stop().to_json()
+    return got
+
+
+def _profile_runs(plan: _LevelPlan, run_dir: Path, gen: Any, expected: set[tuple[int, int]] | None,
+                  got: _Profiled, notes: list[Quality]) -> None:
+    """While the profile records: the server's own ``num_steps`` (its files end it), or the duration (Ctrl-C ends
+    it early: kept, ``got.interrupted``)."""
+    if plan.num_steps is not None:
+        try:
+            got.files = wait_for_traces(run_dir, expected=expected, profile_id=None,
+                                        timeout_s=max(plan.duration_s, 0) + plan.poll_timeout_s, allow_missing=True)
+        except CaptureError:
+            notes.append(Quality("sglang_steps_incomplete", f"{plan.num_steps} steps did not complete in time "
+                                 "(steps advance only while requests are served); stopped the profile by hand"))
+        return
+    try:
+        _sleep_with_progress(plan.duration_s, plan.say, gen)
+    except KeyboardInterrupt:  # Ctrl-C while profiling: stop the profile, keep what it recorded
+        got.interrupted = True
+        plan.warn("Ctrl-C received; stopping the profile and writing what was collected")
+
+
+def _step_records(step_dir: Any, got: _Profiled, notes: list[Quality]) -> list[Any]:
+    """The step records ``tracekit launch`` wrote during the window (a note when there are none)."""
+    import polars as pl
+
+    from tracekit.capture.sglang_plugin import load_step_records
+
+    lag_s = 1.5 - (time.time_ns() - got.t1_ns) / 1e9  # ranks flush step records every <= 1 s
+    if lag_s > 0:
+        time.sleep(lag_s)
+    steps = load_step_records(step_dir)
+    steps = steps.filter((pl.col("ts_ns") >= got.t0_ns) & (pl.col("ts_ns") <= got.t1_ns))
+    if steps.height:
+        return [steps]
+    notes.append(Quality("sglang_no_step_records", f"no tracekit step records in {step_dir} during the capture; "
+                         "was the server started with `tracekit launch`?"))
+    return []
 
 
 def _sleep_with_progress(duration_s: float, say: Callable[[str], None], gen: Any) -> None:
