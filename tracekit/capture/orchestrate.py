@@ -88,18 +88,59 @@ def run_builtin(
     ``keep_raw`` (for machines without polars; convert elsewhere with
     :func:`tracekit.capture.assemble.assemble`).
     """
+    opts.validate()
+    out = Path(out)
+    if convert:
+        _check_out(out, force)
+    _env_loopback()
+    run_dir = Path(tempfile.mkdtemp(prefix="tracekit-capture-"))
+    quality = QualityLog()
+    signals, sigterm_handled = _run_ranks(opts, run_dir, quality, progress, say)
+    stopped_by = STOP_SIGNALS.get(signals[0]) if signals else None  # type: ignore[call-overload]
+    if len(signals) > 1:
+        quality.add("capture_killed", f"stopped twice ({stopped_by}); ranks were killed, windows still open were lost")
+    if stopped_by:
+        say(f"tracekit: {stopped_by} received; writing what was collected")
+    run_info = {"options": opts.to_json(), "quality": [q.to_json() for q in quality], "stopped_by": stopped_by}
+    try:
+        (run_dir / "run.json").write_text(json.dumps(run_info, default=str))
+    except OSError:
+        pass  # best effort: assemble_dir can infer the world size without it
+    if convert:
+        meta = _assemble_or_keep(run_dir, out, opts, quality, stopped_by, force=force, keep_raw=keep_raw, say=say)
+    else:
+        meta = run_info
+    if keep_raw is not None:
+        try:
+            _copy_raw(run_dir, keep_raw)
+        except OSError as e:
+            raise OutputError(f"{keep_raw}: cannot copy the per-rank files ({e.strerror or e}); {out} was written and "
+                              f"the per-rank files remain in {run_dir}") from None
+    shutil.rmtree(run_dir, ignore_errors=True)
+    if signals and signals[0] == signal.SIGTERM and sigterm_handled:
+        say(f"tracekit: terminated; wrote what was collected to {out}")
+        signal.raise_signal(signal.SIGTERM)  # the previous handler decides (the CLI: exit 143)
+    return CaptureResult(out, meta, keep_raw, meta.get("quality", []), stopped_by)
+
+
+def _check_out(out: Path, force: bool) -> None:
+    if out.exists() and not force:
+        raise CaptureError(f"{out}: exists; pass --force to overwrite or -o another path")
+    if not (out.parent if str(out.parent) else Path(".")).exists():
+        raise CaptureError(f"{out}: directory {out.parent} does not exist; create it first")
+
+
+def _run_ranks(opts: CaptureOptions, run_dir: Path, quality: QualityLog, progress: bool,
+               say: Callable[[str], None]) -> tuple[list[int], bool]:
+    """Spawn one process per rank and watch them to the end (see :func:`_monitor`).
+
+    Returns the stop signals received, in order (a second one kills the ranks), and whether SIGTERM had a
+    handler of the caller's to hand back to.
+    """
     import torch.multiprocessing as mp
 
     from tracekit.capture.rank_worker import rank_main
 
-    opts.validate()
-    out = Path(out)
-    if convert and out.exists() and not force:
-        raise CaptureError(f"{out}: exists; pass --force to overwrite or -o another path")
-    if convert and not (out.parent if str(out.parent) else Path(".")).exists():
-        raise CaptureError(f"{out}: directory {out.parent} does not exist; create it first")
-    _env_loopback()
-    run_dir = Path(tempfile.mkdtemp(prefix="tracekit-capture-"))
     ctx = mp.get_context("spawn")
     stop = ctx.Event()
     queue = ctx.Queue()
@@ -108,8 +149,7 @@ def run_builtin(
         ctx.Process(target=rank_main, args=(r, opts, str(run_dir), store, stop, queue), daemon=False)
         for r in range(opts.world)
     ]
-    quality = QualityLog()
-    signals: list[int] = []  # stop signals received, in order
+    signals: list[int] = []
 
     def on_signal(sig: int, _frm: Any) -> None:
         # only record it: _monitor sets the shared event from ordinary code (no lock taken in a handler)
@@ -130,44 +170,27 @@ def run_builtin(
             if p.is_alive():
                 p.kill()
             p.join(timeout=5)
-    stopped_by = STOP_SIGNALS.get(signals[0]) if signals else None  # type: ignore[call-overload]
-    if len(signals) > 1:
-        quality.add("capture_killed", f"stopped twice ({stopped_by}); ranks were killed, windows still open were lost")
-    if stopped_by:
-        say(f"tracekit: {stopped_by} received; writing what was collected")
-    run_info = {"options": opts.to_json(), "quality": [q.to_json() for q in quality], "stopped_by": stopped_by}
-    try:
-        (run_dir / "run.json").write_text(json.dumps(run_info, default=str))
-    except OSError:
-        pass  # best effort: assemble_dir can infer the world size without it
-    try:
-        if convert:
-            from tracekit.capture.assemble import assemble
+    return signals, signal.SIGTERM in old
 
-            meta = assemble(run_dir, out, opts.to_json(), opts.world, force=force, quality=quality, stopped_by=stopped_by)
-        else:
-            meta = run_info
+
+def _assemble_or_keep(run_dir: Path, out: Path, opts: CaptureOptions, quality: QualityLog, stopped_by: str | None,
+                      *, force: bool, keep_raw: Path | None, say: Callable[[str], None]) -> dict[str, Any]:
+    """Assemble the ranks' outputs into ``out``; when that fails, keep what was collected and say how to retry."""
+    try:
+        from tracekit.capture.assemble import assemble  # inside: without polars the ranks' outputs are still kept
+
+        return assemble(run_dir, out, opts.to_json(), opts.world, force=force, quality=quality, stopped_by=stopped_by)
     except BaseException as e:
         if not _collected(run_dir):  # nothing worth keeping: the error stands as it is
             shutil.rmtree(run_dir, ignore_errors=True)
             raise
         where = _keep_after_failure(run_dir, keep_raw)
-        hint = f"the collected per-rank traces are kept in {where}; convert them later with `python -m tracekit.capture.assemble {where} -o {out}`"
+        hint = (f"the collected per-rank traces are kept in {where}; convert them later with "
+                f"`python -m tracekit.capture.assemble {where} -o {out}`")
         if isinstance(e, TracekitError):
             raise type(e)(f"{e}; {hint}") from None
         say(f"tracekit: {hint}")
         raise
-    if keep_raw is not None:
-        try:
-            _copy_raw(run_dir, keep_raw)
-        except OSError as e:
-            raise OutputError(f"{keep_raw}: cannot copy the per-rank files ({e.strerror or e}); {out} was written and "
-                              f"the per-rank files remain in {run_dir}") from None
-    shutil.rmtree(run_dir, ignore_errors=True)
-    if signals and signals[0] == signal.SIGTERM and signal.SIGTERM in old:
-        say(f"tracekit: terminated; wrote what was collected to {out}")
-        signal.raise_signal(signal.SIGTERM)  # the previous handler decides (the CLI: exit 143)
-    return CaptureResult(out, meta, keep_raw, meta.get("quality", []), stopped_by)
 
 
 def _install_handlers(handler: Callable[[int, Any], None]) -> dict[int, Any]:
