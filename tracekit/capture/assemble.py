@@ -35,7 +35,8 @@ GROUND_TRUTH_SRC = "tracekit.ground_truth"
 
 def load_run(run_dir: Path, world: int) -> tuple[list[Path], dict[int, dict[str, Any]]]:
     """Kineto files (sorted by rank, window) and the per-rank extras that exist (ranks below ``world``)."""
-    files = sorted((p for p in run_dir.glob("rank*.win*.trace.json.gz") if _file_key(p) is not None), key=_file_key)
+    keyed = [(k, p) for p in run_dir.glob("rank*.win*.trace.json.gz") if (k := _file_key(p)) is not None]
+    files = [p for _k, p in sorted(keyed)]
     extras: dict[int, dict[str, Any]] = {}
     for p in sorted(run_dir.glob("rank*.extra.json")):
         r = _rank_of(p)
@@ -122,7 +123,7 @@ def summarize_steps(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
     busy_u = sum(int(s["dur_ns"]) for s in unprof)
     tok_u = sum(int(s.get("tokens") or 0) for s in unprof)
     by_mode: dict[str, float | None] = {}
-    for mode in sorted({s.get("step_mode") for s in unprof if s.get("step_mode")}):
+    for mode in sorted({str(s["step_mode"]) for s in unprof if s.get("step_mode")}):
         by_mode[mode] = _median([int(s["dur_ns"]) for s in unprof if s.get("step_mode") == mode])
     blocks = [dec_u[i : i + 40] for i in range(0, len(dec_u) - 39, 40)]
     med_u, med_p = _median(dec_u), _median(dec_p)
@@ -266,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m tracekit.capture.assemble DIR [-o trace.parquet] [--force]``."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m tracekit.capture.assemble", description=assemble_dir.__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tracekit.capture.assemble", description=(assemble_dir.__doc__ or "").splitlines()[0])
     ap.add_argument("dir", help="run directory kept by a capture (--keep-raw, or the one a failed write named)")
     ap.add_argument("-o", "--out", default="trace.parquet", help="output trace.parquet (default: %(default)s)")
     ap.add_argument("--force", action="store_true", help="overwrite the output")

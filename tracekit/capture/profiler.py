@@ -173,7 +173,8 @@ def torch_profiler_factory(*, cuda: bool, record_shapes: bool = False, with_stac
     kwargs: dict[str, Any] = {}
     if cuda:
         try:
-            kwargs["experimental_config"] = torch.profiler._ExperimentalConfig(enable_cuda_sync_events=True)
+            kwargs["experimental_config"] = torch.profiler._ExperimentalConfig(  # type: ignore[attr-defined]
+                enable_cuda_sync_events=True)
         except Exception:  # noqa: BLE001 - older torch
             pass
 

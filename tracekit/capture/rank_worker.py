@@ -158,7 +158,7 @@ def _init_dist(rank: int, opts: Any, store_path: str, meta: dict[str, Any]) -> t
         torch.set_num_threads(1)
         device = torch.device("cpu")
     backend = "nccl" if cuda else "gloo"
-    store = dist.FileStore(store_path, opts.world)
+    store = dist.FileStore(store_path, opts.world)  # type: ignore[attr-defined]
     timeout = timedelta(seconds=opts.timeout_s)
     kw: dict[str, Any] = {"device_id": device} if cuda else {}
     dist.init_process_group(backend, store=store, rank=rank, world_size=opts.world, timeout=timeout, **kw)

@@ -37,7 +37,7 @@ from tracekit.analysis.plan import CrossRankPlan
 from tracekit.analysis.result import AnalysisResult
 from tracekit.analysis.stage.pipeline import AfterFinish, FinishedRun, RankPart, ScanSource, StageOutput, analyze_rank
 from tracekit.core.window import Overview, Window, combine_bounds, overview_of, rank_overview, span_bounds
-from tracekit.schema import first_line
+from tracekit.trace_check import first_line
 
 if TYPE_CHECKING:
     from distributed import Client

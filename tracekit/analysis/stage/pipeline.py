@@ -51,7 +51,8 @@ from tracekit.analysis.plan import CrossRankPlan
 from tracekit.analysis.registry import declare_columns, declared_columns
 from tracekit.analysis.result import AnalysisResult
 from tracekit.analysis.sections import SCHEMA_VERSION, Node, Sections, build
-from tracekit.schema import TraceMeta, first_line
+from tracekit.schema import TraceMeta
+from tracekit.trace_check import first_line
 from tracekit.core.window import Overview, Window, parse_time_range, select_window, trace_overview
 
 __all__ = ["analysis_columns", "analysis_rows_expr", "FrameSource", "ScanSource", "run_analysis", "ANALYSIS_VERSION",
