@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import tempfile
 import threading
 import time
@@ -38,7 +37,7 @@ from tracekit.ingest.common import finalize_rank, ts_order
 from tracekit.ingest.dataset import DatasetBuild, check_dataset_output
 from tracekit.ingest.discover import Source, discover
 from tracekit.ingest.validate import MIXED_CAPTURE_NS as _MIXED_NS
-from tracekit.ingest.staging import make_part_dir, remove_stale_parts
+from tracekit.ingest.staging import make_part_dir, remove_part_dir, remove_stale_parts
 from tracekit.ingest.rankwrite import COLL_KEY, COMM, PART_ROWS, emit_frame, write_rank
 from tracekit.schema import ARROW_SCHEMA, DICT_COLUMNS, MAX_RANK, TraceWriter, check_output_path, conform, note_input, to_arrow
 from tracekit.steplabels import compile_steps_from
@@ -577,7 +576,7 @@ def convert(
             if stager is not None:
                 stager.discard()
             if part_dir is not None:
-                shutil.rmtree(part_dir, ignore_errors=True)
+                remove_part_dir(part_dir)
     return ConvertResult(out, ranks, rows, time.perf_counter() - t0, in_bytes, meta, meta["quality"])
 
 

@@ -21,6 +21,7 @@ An error removes the part directory: no partition of a failed conversion is ever
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from pathlib import Path
@@ -57,7 +58,8 @@ def rewrite_rank(dest: str, r: int, parts: list[dict[str, Any]], offset: int, ex
     from tracekit.ingest.rankwrite import write_rank
 
     tune_runtime()
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    with contextlib.suppress(FileExistsError):  # never its parents: a removed part directory stays removed
+        os.mkdir(os.path.dirname(dest))
     w = TraceWriter(dest, force=True, label=out_label, final=False, part_rank=r)
     try:
         res = write_rank(w, r, parts, offset, extra)

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["PARTS_PREFIX", "LEGACY_STALE_S", "make_part_dir", "remove_stale_parts", "host_tag"]
+__all__ = ["PARTS_PREFIX", "LEGACY_STALE_S", "make_part_dir", "remove_part_dir", "remove_stale_parts", "host_tag"]
 
 #: temporary part directories next to the output: ``.tracekit-parts-<pid>-<host>-<random>``
 PARTS_PREFIX = ".tracekit-parts-"
@@ -43,6 +43,21 @@ def host_tag() -> str:
 def make_part_dir(out_dir: str) -> str:
     """A fresh part directory in ``out_dir`` named after this process (raises OSError)."""
     return tempfile.mkdtemp(prefix=f"{PARTS_PREFIX}{os.getpid()}-{host_tag()}-", dir=out_dir)
+
+
+def remove_part_dir(path: str, tries: int = 20, pause_s: float = 0.1) -> bool:
+    """Remove this conversion's part directory; True when it is gone. Never raises.
+
+    Tasks of the conversion may still run on other processes (a cluster cannot stop a running task): one that
+    creates a file while the directory is being removed makes that pass fail, so it is retried (``tries``
+    passes, ``pause_s`` apart). Once the directory is gone no task can write there again: tasks create files
+    only in directories that exist (never their parents)."""
+    for i in range(tries):
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.lexists(path):
+            return True
+        time.sleep(pause_s)
+    return False
 
 
 def remove_stale_parts(out_dir: str) -> list[str]:
