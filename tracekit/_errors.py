@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-__all__ = ["TracekitError", "InputError", "OutputError", "CaptureError", "UsageError", "ClusterError", "MissingDependency", "require",
-           "Quality", "QualityLog", "os_reason", "one_line"]
+__all__ = ["TracekitError", "InputError", "OutputError", "CaptureError", "UsageError", "ClusterError", "RankError", "MissingDependency",
+           "require", "Quality", "QualityLog", "os_reason", "one_line"]
 
 
 class TracekitError(Exception):
@@ -50,6 +50,16 @@ class ClusterError(TracekitError):
     """The cluster (``--cluster``) cannot be reached, has no workers, or lost a task's worker for good."""
 
     exit_code = 5
+
+
+class RankError(InputError):
+    """One rank's data cannot be read or its task failed; ``rank`` names it (``--keep-going`` leaves that rank out
+    and analyzes the others). ``exit_code``: 2, or that of the error behind it (5: its cluster worker kept dying)."""
+
+    def __init__(self, message: str, rank: int, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.exit_code = exit_code
 
 
 class MissingDependency(UsageError):

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import polars as pl
 
@@ -15,9 +15,10 @@ from tracekit.advice.nextwin import next_win_stage
 from tracekit.analysis.stage.pipeline import ANALYSIS_VERSION, FrameSource, RankRunner, ScanSource, ranks_filter, run_analysis
 from tracekit.analysis.result import AnalysisResult
 from tracekit.ingest.convert import ConvertResult, convert
-from tracekit.schema import open_trace
+from tracekit._errors import InputError, RankError
+from tracekit.schema import open_trace, trace_ranks
 
-__all__ = ["analyze", "analyze_frame", "analyze_result", "analyze_frame_result", "AnalysisResult", "convert", "ConvertResult",
+__all__ = ["analyze", "analyze_frame", "analyze_result", "analyze_kept", "analyze_frame_result", "AnalysisResult", "convert", "ConvertResult",
            "ANALYSIS_VERSION"]
 
 
@@ -73,6 +74,53 @@ def analyze_result(
     res = run_analysis(source, meta, window=window, skip_steps=skip_steps, trim_transient=trim_transient, top=top,
                        cross_rank=cross_rank, after=(next_win_stage,), runner=runner)
     return res.with_trace(str(path))
+
+
+def analyze_kept(
+    path: str | Path,
+    *,
+    ranks: Sequence[int] | None = None,
+    runner_for: Callable[[list[int] | None], RankRunner | None] | None = None,
+    **opts: Any,
+) -> AnalysisResult:
+    """``analyze --keep-going``: :func:`analyze_result`, but a rank that fails (:class:`~tracekit._errors.RankError`:
+    its rows cannot be read, or its cluster task failed) is left out and the analysis runs again on the others;
+    each such rank gets a ``rank_failed`` quality flag (severity error). The answer is then exactly
+    ``analyze_result(path, ranks=<the others>)`` plus those flags. Every rank failing is an :class:`InputError`.
+
+    ``runner_for(ranks)``: the runner for one attempt over ``ranks`` (None: all; default: this process)."""
+    make = runner_for if runner_for is not None else (lambda _r: None)
+    keep: list[int] | None = list(ranks) if ranks is not None else None
+    failed: list[tuple[int, str]] = []
+    while True:
+        try:
+            res = analyze_result(path, ranks=keep, runner=make(keep), **opts)
+            break
+        except RankError as e:
+            failed.append((e.rank, str(e)))
+            if keep is None:
+                keep = trace_ranks(path)
+            if e.rank not in keep:
+                raise  # not a rank of this attempt: nothing to leave out
+            keep = [r for r in keep if r != e.rank]
+            if not keep:
+                raise InputError(f"{path}: every rank failed; the first: {failed[0][1]}") from None
+    return flag_failed_ranks(res, failed)
+
+
+def flag_failed_ranks(res: AnalysisResult, failed: Sequence[tuple[int, str]]) -> AnalysisResult:
+    """``res`` with one ``rank_failed`` quality flag (severity error) per ``(rank, message)`` left out."""
+    if not failed:
+        return res
+    import dataclasses
+
+    import msgspec
+
+    from tracekit.analysis.sections import QualityItem
+
+    flags = tuple(QualityItem(code="rank_failed", message=f"{msg}; results cover the other ranks", severity="error", rank=r)
+                  for r, msg in failed)
+    return dataclasses.replace(res, sections=msgspec.structs.replace(res.sections, quality=res.sections.quality + flags))
 
 
 def analyze_frame(

@@ -61,6 +61,8 @@ __all__ = [
     "note_input",
     "note_output",
     "published_outputs",
+    "trace_ranks",
+    "rank_where",
     "check_output_path",
     "DATASET_META",
     "is_dataset",
@@ -614,6 +616,27 @@ def dataset_parts(path: str | os.PathLike[str]) -> list[tuple[int, Path]]:
     return out
 
 
+def trace_ranks(path: str | os.PathLike[str]) -> list[int]:
+    """The ranks of a ``trace.parquet`` or a directory dataset, sorted. A dataset's come from its directory names
+    (no partition is read, so a damaged one does not hide the others); a file's from its ``rank`` column."""
+    if Path(path).is_dir():
+        return sorted({r for r, _ in dataset_parts(path)})
+    lf = pl.scan_parquet(Path(path)).select(pl.col("rank").unique())
+    try:
+        return sorted(int(r) for r in lf.collect()["rank"].to_list())
+    except Exception as e:  # noqa: BLE001
+        raise InputError(f"{path}: unreadable trace data ({first_line(e)}); re-convert the source") from None
+
+
+def rank_where(path: str | os.PathLike[str], rank: int) -> str:
+    """Where rank ``rank``'s rows are, for a message: its partition file(s) in a dataset, else ``path``."""
+    if Path(path).is_dir():
+        files = [str(f) for r, f in dataset_parts(path) if r == rank]
+        if files:
+            return files[0] if len(files) == 1 else f"{Path(path) / f'rank={rank}'}"
+    return str(path)
+
+
 def _scan_dataset(p: Path, meta: Mapping[str, Any]) -> tuple[pl.LazyFrame, list[Path]]:
     """A lazy scan of every partition, rank from the directory names; every rank the metadata lists has its
     partition (a rank that failed at convert time under ``--keep-going`` is listed in ``failed_ranks`` instead);
@@ -632,7 +655,18 @@ def _scan_dataset(p: Path, meta: Mapping[str, Any]) -> tuple[pl.LazyFrame, list[
     for _, f in parts:
         note_input(f)
     files = [f for _, f in parts]
-    return pl.scan_parquet([str(f) for f in files], hive_partitioning=True, hive_schema={"rank": POLARS_SCHEMA["rank"]}), files
+    # the schema from the metadata, not from the first partition: a damaged partition fails only the reads of its rank
+    return pl.scan_parquet([str(f) for f in files], hive_partitioning=True, hive_schema={"rank": POLARS_SCHEMA["rank"]},
+                           schema=_dataset_schema(p)), files
+
+
+def _dataset_schema(p: Path) -> pl.Schema:
+    f = p / DATASET_META
+    try:
+        arrow = pq.read_schema(f)
+    except Exception as e:  # noqa: BLE001
+        raise InputError(f"{f}: not a Parquet footer ({type(e).__name__}); re-convert the source into a new dataset") from None
+    return pl.Schema(pl.DataFrame(arrow.empty_table()).schema)
 
 
 def write_dataset_meta(root: str | os.PathLike[str], metadata: Mapping[str, Any]) -> None:

@@ -8,13 +8,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pyarrow.dataset as pads
 import pytest
 
-from tracekit._errors import InputError, OutputError
-from tracekit.api import analyze
+from tracekit._errors import InputError, OutputError, RankError
+from tracekit.api import analyze, analyze_kept
 from tracekit.ingest.convert import convert
 from tracekit.schema import DATASET_META, dataset_parts, read_metadata, read_trace
 
@@ -121,3 +122,67 @@ def test_corrupt_rank_named_and_keep_going(tmp_path: Path, kineto8: list[Path], 
     doc = json.loads(a.stdout)
     assert [q["rank"] for q in doc["quality"] if q["code"] == "rank_failed"] == [5]
     assert sorted(x["rank"] for x in doc["ranks"]) == [0, 1, 2, 3, 4, 6, 7]
+
+
+@pytest.fixture(scope="module")
+def ds8(tmp_path_factory: pytest.TempPathFactory, kineto8: list[Path]) -> Path:
+    ds = tmp_path_factory.mktemp("ds8") / "ds"
+    convert(kineto8, ds, layout="dataset")
+    return ds
+
+
+def damaged_copy(ds: Path, dest: Path, rank: int, how: str) -> Path:
+    """A copy of dataset ``ds`` whose rank ``rank`` partition is damaged: ``footer`` (cut, its footer unreadable) or
+    ``pages`` (bytes garbled in the middle: the footer reads, the column data does not decode)."""
+    import random
+    import shutil
+
+    shutil.copytree(ds, dest)
+    part = dest / f"rank={rank}" / "part-0.parquet"
+    data = bytearray(part.read_bytes())
+    if how == "footer":
+        data = data[: len(data) // 3] + b"\0" * 64 + data[-2000:]
+    else:
+        rnd = random.Random(rank)
+        for i in range(len(data) // 4, len(data) // 2):
+            data[i] = rnd.randrange(256)
+    part.write_bytes(bytes(data))
+    return dest
+
+
+def _no_trace(doc: dict[str, Any]) -> dict[str, Any]:
+    doc.pop("trace", None)
+    return doc
+
+
+@pytest.mark.parametrize(("rank", "how"), [(5, "footer"), (0, "footer"), (3, "pages")])
+def test_analyze_damaged_partition_named_and_keep_going(tmp_path: Path, ds8: Path, rank: int, how: str) -> None:
+    """A damaged partition among 8 (rank 0's too: the scan's schema comes from the metadata, not from the first
+    partition): analyze names the rank and its file; --keep-going (analyze_kept) answers exactly as the undamaged
+    dataset does for the other ranks, plus one rank_failed flag."""
+    bad = damaged_copy(ds8, tmp_path / "bad", rank, how)
+    with pytest.raises(RankError, match=rf"^rank {rank}: .*rank={rank}/part-0\.parquet: unreadable trace data .*re-convert"):
+        analyze(bad)
+    got = _no_trace(analyze_kept(bad).to_json())
+    flags = [q for q in got["quality"] if q["code"] == "rank_failed"]
+    assert [(q["rank"], q["severity"]) for q in flags] == [(rank, "error")]
+    got["quality"] = [q for q in got["quality"] if q["code"] != "rank_failed"]
+    others = [r for r in range(8) if r != rank]
+    assert compare(_no_trace(analyze(ds8, ranks=others)), got) == []
+
+
+def test_analyze_keep_going_cli(tmp_path: Path, ds8: Path) -> None:
+    """The CLI: without --keep-going one line naming rank 5, exit 2, nothing on stdout; with it the JSON of the other
+    ranks (rank 5 flagged) on stdout and one line on stderr saying which rank is missing, exit 2 (as convert)."""
+    bad = damaged_copy(ds8, tmp_path / "bad", 5, "footer")
+    r = _cli("analyze", str(bad), "--json")
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and r.stdout == "" and len(err) == 1 and err[0].startswith("tracekit: error: rank 5: "), r.stderr
+    r = _cli("analyze", str(bad), "--json", "--keep-going")
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "tracekit: error: 1 rank(s) failed (rank 5); the result covers the other ranks, flagged rank_failed"], r.stderr
+    doc = json.loads(r.stdout)
+    assert [q["rank"] for q in doc["quality"] if q["code"] == "rank_failed"] == [5]
+    assert sorted(x["rank"] for x in doc["ranks"]) == [0, 1, 2, 3, 4, 6, 7]
+    ok = _cli("analyze", str(ds8), "--keep-going", "--json")  # nothing failed: exit 0, no flag
+    assert ok.returncode == 0 and ok.stderr == "" and "rank_failed" not in ok.stdout, ok.stderr

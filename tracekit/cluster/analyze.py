@@ -32,11 +32,12 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 import polars as pl
 
 from tracekit import _env, _interrupt
-from tracekit._errors import InputError, TracekitError, UsageError
+from tracekit._errors import RankError, TracekitError, UsageError
 from tracekit.analysis.plan import CrossRankPlan
 from tracekit.analysis.result import AnalysisResult
-from tracekit.analysis.stage.pipeline import AfterFinish, FinishedRun, RankPart, ScanSource, StageOutput, analyze_rank
+from tracekit.analysis.stage.pipeline import AfterFinish, FinishedRun, RankPart, ScanSource, StageOutput, analyze_rank, unreadable
 from tracekit.core.window import Overview, Window, combine_bounds, overview_of, rank_overview, span_bounds
+from tracekit.schema import trace_ranks
 from tracekit.trace_check import first_line
 
 if TYPE_CHECKING:
@@ -48,15 +49,8 @@ __all__ = ["ClusterRunner", "analyze_cluster", "RankFailed"]
 ALLOWED_FAILURES = 3
 
 
-class RankFailed(TracekitError):
-    """A rank's task failed; ``rank`` names it (``keep_going`` retries without it)."""
-
-    exit_code = 2
-
-    def __init__(self, message: str, rank: int, exit_code: int = 2) -> None:
-        super().__init__(message)
-        self.rank = rank
-        self.exit_code = exit_code
+class RankFailed(RankError):
+    """A rank's task failed; ``rank`` names it (-1: the stage after the finish); ``--keep-going`` leaves it out."""
 
 
 def _source(path: str, ranks: Sequence[int] | None) -> ScanSource:
@@ -84,14 +78,20 @@ def _maybe_die(rank: int) -> None:
 
 def _overview_task(path: str, ranks: Sequence[int] | None, rank: int,
                    windows: list[list[int]] | None) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame | None]:
-    """Task: one rank's aggregate row, small rows and (windowed capture) profiler-window bounds."""
+    """Task: one rank's aggregate row, small rows and (windowed capture) profiler-window bounds; a read that
+    fails is a :class:`~tracekit._errors.RankError` naming the rank and its file."""
     _maybe_die(rank)
     lf = _source(path, ranks).lazy()
-    agg, small = rank_overview(lf, rank)
-    bounds = None
-    if windows and len(windows) >= 2:
-        cpu = bool(agg["has_cpu_dev"][0]) and not bool(agg["has_gpu"][0])
-        bounds = span_bounds(lf.filter(pl.col("rank") == rank), windows, cpu_ranks=[rank] if cpu else [])
+    try:
+        agg, small = rank_overview(lf, rank)
+        bounds = None
+        if windows and len(windows) >= 2:
+            cpu = bool(agg["has_cpu_dev"][0]) and not bool(agg["has_gpu"][0])
+            bounds = span_bounds(lf.filter(pl.col("rank") == rank), windows, cpu_ranks=[rank] if cpu else [])
+    except TracekitError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a damaged partition or row group
+        raise unreadable(path, e, rank) from None
     return agg, small, bounds
 
 
@@ -154,7 +154,7 @@ class ClusterRunner:
         return [got[i] for i in range(len(futs))]
 
     def overview(self, source: Any, profiler_windows: list[list[int]] | None) -> tuple[Overview, pl.DataFrame | None]:
-        present = sorted(int(r) for r in source.lazy().select(pl.col("rank").unique()).collect(engine="streaming")["rank"].to_list())
+        present = [r for r in trace_ranks(self.path) if self.ranks is None or r in self.ranks]  # no partition read here
         futs = [self.client.submit(_overview_task, self.path, self.ranks, r, profiler_windows, pure=False, key=f"tk-overview-{r}-{_tag()}")
                 for r in present]
         got = self._gather(futs, present)
@@ -217,39 +217,13 @@ def analyze_cluster(client: "Client", path: str | Path, *, keep_going: bool = Fa
     """``tracekit.api.analyze_result(path, **opts)`` with the per-rank work on ``client`` (module docstring).
 
     ``path`` must be readable by every worker (a shared filesystem path). ``keep_going``: a failed rank is left
-    out (the analysis runs again on the others) and flagged ``rank_failed``; otherwise its error is raised."""
-    from tracekit.api import analyze_result
-    from tracekit.schema import scan_trace
+    out and flagged ``rank_failed`` (:func:`tracekit.api.analyze_kept`, as without a cluster); otherwise its
+    error is raised."""
+    from tracekit.api import analyze_kept, analyze_result
 
     if opts.get("steps_from") is not None:
         raise UsageError("--steps-from re-derives the steps of the whole trace in one process; drop --cluster or --steps-from")
-    path = str(Path(path).absolute())
-    ranks: list[int] | None = None
-    failed: list[tuple[int, str]] = []
-    while True:
-        try:
-            res = analyze_result(path, ranks=ranks, runner=ClusterRunner(client, path, ranks), **opts)
-            break
-        except RankFailed as e:
-            if not keep_going or e.rank < 0:
-                raise
-            failed.append((e.rank, str(e)))
-            if ranks is None:
-                ranks = sorted(int(r) for r in scan_trace(path).select(pl.col("rank").unique()).collect()["rank"].to_list())
-            ranks = [r for r in ranks if r != e.rank]
-            if not ranks:
-                raise InputError(f"{path}: every rank failed; the first: {failed[0][1]}") from None
-    return _flag_failed(res, failed)
-
-
-def _flag_failed(res: AnalysisResult, failed: list[tuple[int, str]]) -> AnalysisResult:
-    """``res`` with one ``rank_failed`` quality flag per rank left out (``keep_going``)."""
-    if not failed:
-        return res
-    import msgspec
-
-    from tracekit.analysis.sections import QualityItem
-
-    flags = tuple(QualityItem(code="rank_failed", message=f"{msg}; results cover the other ranks", severity="error", rank=r)
-                  for r, msg in failed)
-    return dataclasses.replace(res, sections=msgspec.structs.replace(res.sections, quality=res.sections.quality + flags))
+    full = str(Path(path).absolute())
+    if keep_going:
+        return analyze_kept(full, runner_for=lambda ranks: ClusterRunner(client, full, ranks), **opts)
+    return analyze_result(full, runner=ClusterRunner(client, full, opts.pop("ranks", None)), **opts)

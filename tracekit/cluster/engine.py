@@ -126,7 +126,7 @@ def _start_local(target: Target, threads: int | None) -> Any:
     try:
         return LocalCluster(n_workers=target.workers, threads_per_worker=1, processes=True, host="127.0.0.1",  # type: ignore[no-untyped-call]
                             dashboard_address="127.0.0.1:0", worker_dashboard_address="127.0.0.1:0",
-                            silence_logs=logging.ERROR, env=env)
+                            silence_logs=logging.CRITICAL, env=env)
     except Exception as e:  # noqa: BLE001 - one line: the local cluster could not start
         raise ClusterError(f"--cluster {target.text}: the local cluster did not start ({type(e).__name__}: {e})") from None
 

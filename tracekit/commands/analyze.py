@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from tracekit import _interrupt
 from tracekit.commands._common import at_least, handle_errors
+
+if TYPE_CHECKING:
+    from tracekit.analysis.result import AnalysisResult
 
 __all__ = ["register"]
 
@@ -31,7 +34,7 @@ def register(app: typer.Typer) -> None:
             None, "--width", help="Report width in columns (default: the terminal's width; 80 in a pipe or file, or $COLUMNS)."),
         steps_from: Optional[str] = typer.Option(None, "--steps-from", help="Regex: CPU ranges whose name matches are the steps (named groups id, mode, bs, tok optional)."),
         cluster: Optional[str] = typer.Option(None, "--cluster", help="Run the per-rank analyses as tasks of a Dask cluster: local:N (N workers on this host, bound to loopback) or a scheduler address (tcp://HOST:PORT) or file (*.json); the trace must be a path the workers can read. Same JSON as without it."),
-        keep_going: bool = typer.Option(False, "--keep-going", help="With --cluster: a rank that cannot be analyzed is left out and flagged (rank_failed) instead of stopping the analysis."),
+        keep_going: bool = typer.Option(False, "--keep-going", help="A rank that cannot be read (a damaged partition or file; with --cluster also a task that keeps failing) is left out and flagged rank_failed, and the other ranks are analyzed; the exit code is then 2."),
     ) -> None:
         """Analyze a trace: exclusive time split per rank, top kernels, collectives, stalls, idle causes, PCIe, power, steps."""
         if cluster is not None:  # an unreachable scheduler fails now, in one line, before the heavy imports
@@ -52,10 +55,11 @@ def register(app: typer.Typer) -> None:
         opts = dict(window=window, skip_steps=skip_steps, trim_transient=not no_trim, top=top, steps_from=steps_from)
         if cluster is None:
             if keep_going:
-                from tracekit._errors import UsageError
+                from tracekit.api import analyze_kept
 
-                raise UsageError("--keep-going needs --cluster (a local analysis stops at the first unreadable rank)")
-            result = analyze_result(trace, **opts)  # type: ignore[arg-type]
+                result = analyze_kept(trace, **opts)  # type: ignore[arg-type]
+            else:
+                result = analyze_result(trace, **opts)  # type: ignore[arg-type]
         else:
             from tracekit.cluster.analyze import analyze_cluster
             from tracekit.cluster.engine import cluster_client
@@ -65,13 +69,14 @@ def register(app: typer.Typer) -> None:
             result = result.with_trace(str(trace))
         _interrupt.check("analyze")
         res = result.to_json()
+        failed = _left_out(trace, result) if keep_going else []
         if html is not None:
             from tracekit.schema import read_trace
 
             from tracekit.report.timeline_data import views_analysis
             from tracekit.report.timeline_html import render_timeline
 
-            df, meta = read_trace(trace)
+            df, meta = read_trace(trace, ranks=_analyzed_ranks(trace, failed) if failed else None)
             render_timeline(df, meta, views_analysis(result), html, force=force)
         if as_json:
             json.dump(res, sys.stdout, indent=1, default=str)
@@ -80,3 +85,23 @@ def register(app: typer.Typer) -> None:
             from tracekit.report.terminal import render_analysis
 
             render_analysis(res, width=width)
+        if failed:  # --keep-going: the answer is written, but it is not the whole capture (as convert --keep-going)
+            print(f"tracekit: error: {len(failed)} rank(s) failed (rank {', '.join(map(str, failed))}); the result covers "
+                  "the other ranks, flagged rank_failed", file=sys.stderr)
+            raise typer.Exit(2)
+
+
+def _left_out(trace: Path, result: AnalysisResult) -> list[int]:
+    """The ranks this analysis left out (``--keep-going``): flagged ``rank_failed``, and not already missing from the
+    trace (a rank that failed at convert time is in the metadata's ``failed_ranks``)."""
+    from tracekit.schema import read_metadata
+
+    listed = read_metadata(trace).get("failed_ranks")
+    before = {f.get("rank") for f in listed if isinstance(f, dict)} if isinstance(listed, list) else set()
+    return sorted({q.rank for q in result.sections.quality if q.code == "rank_failed" and isinstance(q.rank, int)} - before)
+
+
+def _analyzed_ranks(trace: Path, failed: list[int]) -> list[int]:
+    from tracekit.schema import trace_ranks
+
+    return [r for r in trace_ranks(trace) if r not in failed]

@@ -42,7 +42,7 @@ import msgspec
 import polars as pl
 
 from tracekit import _interrupt
-from tracekit._errors import InputError, QualityLog, TracekitError, UsageError
+from tracekit._errors import InputError, QualityLog, RankError, TracekitError, UsageError
 from tracekit.analysis.passes.breakdown import (breakdown_finish, compute_breakdown, kernel_totals, merge_kernel_totals, top_kernels,
                                          uncategorized_top)
 from tracekit.analysis.findings import Finding, basic_candidates, rank_findings
@@ -51,12 +51,13 @@ from tracekit.analysis.plan import CrossRankPlan
 from tracekit.analysis.registry import declare_columns, declared_columns
 from tracekit.analysis.result import AnalysisResult
 from tracekit.analysis.sections import SCHEMA_VERSION, Node, Sections, build
-from tracekit.schema import TraceMeta
+from tracekit.schema import TraceMeta, rank_where, trace_ranks
 from tracekit.trace_check import first_line
 from tracekit.core.window import Overview, Window, parse_time_range, select_window, trace_overview
 
 __all__ = ["analysis_columns", "analysis_rows_expr", "FrameSource", "ScanSource", "run_analysis", "ANALYSIS_VERSION",
-           "FinishedRun", "StageOutput", "AfterFinish", "collect_trace", "RankPart", "analyze_rank", "RankRunner", "LocalRunner"]
+           "FinishedRun", "StageOutput", "AfterFinish", "collect_trace", "RankPart", "analyze_rank", "RankRunner", "LocalRunner",
+           "unreadable", "locate_unreadable"]
 
 #: Version of the analyze JSON object (bumped on incompatible changes): the typed tree's
 ANALYSIS_VERSION = SCHEMA_VERSION
@@ -146,7 +147,7 @@ class ScanSource:
         try:
             return host_activity(ranks_filter(self.lf, ranks))
         except Exception as e:  # noqa: BLE001
-            raise InputError(f"{self.path}: unreadable trace data ({type(e).__name__}: {e}); re-convert the source") from None
+            raise unreadable(self.path, e, ranks[0] if ranks is not None and len(ranks) == 1 else None) from None
 
 
 def compact(obj: Any) -> Any:
@@ -177,12 +178,38 @@ def compact(obj: Any) -> Any:
 
 
 def collect_trace(lf: pl.LazyFrame, path: Any, rank: int | None = None) -> pl.DataFrame:
-    """``lf`` collected; a read error is an :class:`InputError` naming ``path`` (and ``rank``)."""
+    """``lf`` collected; a read error is an :class:`InputError` naming ``path``, or (``rank`` given) a
+    :class:`RankError` naming the rank and where its rows are (``--keep-going`` leaves it out)."""
     try:
         return lf.collect()
     except Exception as e:  # noqa: BLE001
-        where = f"{path}" + (f" (rank {rank})" if rank is not None else "")
-        raise InputError(f"{where}: unreadable trace data ({type(e).__name__}: {e}); re-convert the source") from None
+        raise unreadable(path, e, rank) from None
+
+
+def unreadable(path: Any, e: BaseException, rank: int | None = None) -> InputError:
+    """The one-line error of a failed read of ``path`` (of rank ``rank``'s rows: a :class:`RankError`)."""
+    if rank is None:
+        return InputError(f"{path}: unreadable trace data ({first_line(e)}); re-convert the source")
+    where = rank_where(path, rank) if isinstance(path, (str, Path)) else str(path)
+    return RankError(f"rank {rank}: {where}: unreadable trace data ({first_line(e)}); re-convert the source", rank)
+
+
+def locate_unreadable(source: "FrameSource | ScanSource", e: BaseException) -> InputError:
+    """A scan of the whole trace failed with ``e``: the first rank whose own rows fail the same overview
+    (:func:`tracekit.core.window.trace_overview`), as a :class:`RankError`; else ``e`` as one line. A dataset's
+    ranks come from its directory names, and the scan of one rank reads only that rank's partition."""
+    if not isinstance(source, ScanSource):
+        return unreadable("trace", e)
+    try:
+        ranks = trace_ranks(source.path)
+    except TracekitError:
+        return unreadable(source.path, e)
+    for r in ranks:
+        try:
+            trace_overview(source.lazy().filter(pl.col("rank") == r), by_rank=True)
+        except Exception as er:  # noqa: BLE001
+            return unreadable(source.path, er, r)
+    return unreadable(source.path, e)
 
 
 def _window_inside(tr: tuple[int, int], spec: str, origin: int, meta: Mapping[str, Any], ov: Any, quality: QualityLog) -> tuple[int, int]:
@@ -283,7 +310,10 @@ class LocalRunner:
 
     def overview(self, source: "FrameSource | ScanSource",
                  profiler_windows: list[list[int]] | None) -> tuple[Overview, pl.DataFrame | None]:
-        return trace_overview(source.lazy(), by_rank=source.by_rank), None
+        try:
+            return trace_overview(source.lazy(), by_rank=source.by_rank), None
+        except Exception as e:  # noqa: BLE001 - a damaged file fails the first scan: name its rank where one can
+            raise locate_unreadable(source, e) from None
 
     def map(self, source: "FrameSource | ScanSource", ranks: list[int], win: Window, plan: CrossRankPlan | None,
             split: bool) -> Iterator[RankPart]:
