@@ -36,6 +36,7 @@ from tracekit import __version__
 from tracekit._errors import InputError, OutputError, UsageError, os_reason
 from tracekit.enums import CATEGORIES, GPU_OP_KINDS, KINDS  # re-exported: the column vocabularies
 from tracekit.trace_check import check_data, check_footer, first_line  # first_line: re-exported (analysis uses it)
+from tracekit._inputs import guard_inputs, is_input, note_input, note_output, published_outputs
 
 __all__ = [
     "TraceMeta", "RankMeta", "CaptureMeta",
@@ -271,64 +272,6 @@ def _base_metadata() -> dict[str, Any]:
     return {"schema_version": SCHEMA_VERSION, "tool_version": __version__}
 
 
-#: inputs read inside :func:`guard_inputs` scopes, as (st_dev, st_ino): never the target of an output
-_INPUTS: list[set[tuple[int, int]]] = []
-#: outputs published (renamed into place) inside each :func:`guard_inputs` scope, for messages after a later failure
-_OUTPUTS: list[list[Path]] = []
-
-
-class guard_inputs:
-    """Scope (one CLI command) in which every file read is protected from being written.
-
-    Readers call :func:`note_input`; :func:`check_output_path` (and so every
-    atomic write) refuses a target that is the same file (same device and
-    inode: also through a symlink or a hard link). Outside a scope nothing
-    is recorded, so library callers may rewrite files they read earlier.
-    """
-
-    def __enter__(self) -> "guard_inputs":
-        _INPUTS.append(set())
-        _OUTPUTS.append([])
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        _INPUTS.pop()
-        _OUTPUTS.pop()
-
-
-def note_output(path: str | os.PathLike[str]) -> None:
-    """Record ``path`` as an output the running command has published complete (see :func:`published_outputs`)."""
-    if _OUTPUTS and Path(path) not in _OUTPUTS[-1]:
-        _OUTPUTS[-1].append(Path(path))
-
-
-def published_outputs() -> list[Path]:
-    """The outputs the running command has published so far (a later failure, e.g. of stdout, names them as kept)."""
-    return list(_OUTPUTS[-1]) if _OUTPUTS else []
-
-
-def note_input(path: str | os.PathLike[str]) -> None:
-    """Record ``path`` (a file or directory being read) as an input of the running command."""
-    if not _INPUTS:
-        return
-    try:
-        st = os.stat(path)
-    except (OSError, ValueError):
-        return
-    _INPUTS[-1].add((st.st_dev, st.st_ino))
-    if stat.S_ISDIR(st.st_mode):  # an input directory: its files are inputs too (nsys parquetdir, trace dirs)
-        try:
-            with os.scandir(path) as it:
-                for ent in it:
-                    try:
-                        est = ent.stat()
-                    except OSError:
-                        continue
-                    _INPUTS[-1].add((est.st_dev, est.st_ino))
-        except OSError:
-            pass
-
-
 def _file_kind(mode: int) -> str:
     for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
                        (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
@@ -350,7 +293,7 @@ def check_output_path(final: str | os.PathLike[str], *, force: bool) -> None:
     except OSError as e:  # a symlink loop, a path through a file, a permission error on the directory
         raise OutputError(f"{final}: cannot use as output {os_reason(e, writing=True)}") from None
     if st is not None:
-        if any((st.st_dev, st.st_ino) in s for s in _INPUTS):
+        if is_input(st):
             raise UsageError(f"{final}: the output would overwrite an input; choose another -o")
         if not stat.S_ISREG(st.st_mode):
             kind = _file_kind(st.st_mode)

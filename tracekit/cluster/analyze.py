@@ -199,10 +199,8 @@ def _failure(fut: Any, rank: int) -> TracekitError:
         exc = fut.exception()
     except Exception as e:  # noqa: BLE001 - cancelled, or the scheduler is gone
         exc = e
-    if isinstance(exc, KilledWorker):
-        import dask
-
-        n = int(dask.config.get("distributed.scheduler.allowed-failures", ALLOWED_FAILURES)) + 1
+    if isinstance(exc, KilledWorker):  # it carries the scheduler's own allowed-failures (a remote one's may differ)
+        n = int(getattr(exc, "allowed_failures", ALLOWED_FAILURES)) + 1
         return RankFailed(f"{where}: the worker running it died {n} times (killed: out of memory?); "
                           "give the workers more memory, or pass --keep-going to analyze the other ranks", rank, 5)
     if isinstance(exc, TracekitError):

@@ -97,7 +97,8 @@ def probe(text: str) -> Target:
         try:
             socket.create_connection(hp, timeout=CONNECT_S).close()
         except OSError as e:
-            raise ClusterError(f"--cluster {text}: cannot reach the scheduler at {hp[0]}:{hp[1]} ({e.strerror or type(e).__name__}); "
+            why = f"no answer within {CONNECT_S:g} s" if isinstance(e, TimeoutError) else (e.strerror or type(e).__name__)
+            raise ClusterError(f"--cluster {text}: cannot reach the scheduler at {hp[0]}:{hp[1]} ({why}); "
                                "check the address and that the scheduler is running") from None
     return target
 

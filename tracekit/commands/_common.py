@@ -95,7 +95,7 @@ def handle_errors(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from tracekit.schema import guard_inputs
+        from tracekit._inputs import guard_inputs
 
         from tracekit import _interrupt
 
