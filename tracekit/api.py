@@ -62,7 +62,7 @@ def analyze_result(
 
     ``runner``: where the per-rank work runs (:class:`~tracekit.analysis.stage.pipeline.RankRunner`; default here,
     one rank at a time; ``tracekit.cluster.analyze`` passes a Dask cluster's)."""
-    lf, meta = open_trace(path)  # validated: one-line errors or flagged repairs (tracekit.trace_check)
+    lf, meta = open_trace(path, ranks)  # validated: one-line errors or flagged repairs (tracekit.trace_check)
     lf = ranks_filter(lf, ranks)
     source: FrameSource | ScanSource = ScanSource(path, lf)
     if steps_from is not None:  # re-derived steps need the whole trace in memory once

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracekit import __version__
-from tracekit._errors import InputError, OutputError, UsageError, os_reason
+from tracekit._errors import InputError, OutputError, RankError, UsageError, os_reason
 from tracekit.enums import CATEGORIES, GPU_OP_KINDS, KINDS  # re-exported: the column vocabularies
 from tracekit.trace_check import check_data, check_footer, first_line  # first_line: re-exported (analysis uses it)
 from tracekit._inputs import guard_inputs, is_input, note_input, note_output, published_outputs
@@ -63,6 +63,7 @@ __all__ = [
     "note_output",
     "published_outputs",
     "trace_ranks",
+    "first_line",
     "rank_where",
     "check_output_path",
     "DATASET_META",
@@ -580,21 +581,24 @@ def rank_where(path: str | os.PathLike[str], rank: int) -> str:
     return str(path)
 
 
-def _scan_dataset(p: Path, meta: Mapping[str, Any]) -> tuple[pl.LazyFrame, list[Path]]:
-    """A lazy scan of every partition, rank from the directory names; every rank the metadata lists has its
-    partition (a rank that failed at convert time under ``--keep-going`` is listed in ``failed_ranks`` instead);
-    also the partition files (their footers' statistics serve the read-time checks)."""
-    parts = dataset_parts(p)
+def _scan_dataset(p: Path, meta: Mapping[str, Any], ranks: Iterable[int] | None = None) -> tuple[pl.LazyFrame, list[Path]]:
+    """A lazy scan of every partition (of ``ranks`` only, when given), rank from the directory names; every rank
+    the metadata lists has its partition (a rank that failed at convert time under ``--keep-going`` is listed in
+    ``failed_ranks`` instead: a lost one is a :class:`RankError`); also the partition files (their footers'
+    statistics serve the read-time checks)."""
+    want = None if ranks is None else {int(r) for r in ranks}
+    parts = [(r, f) for r, f in dataset_parts(p) if want is None or r in want]
     have = {r for r, _ in parts}
     failed = {int(f["rank"]) for f in meta.get("failed_ranks") or [] if isinstance(f, dict) and f.get("rank") is not None}
     listed = [int(r["rank"]) for r in meta.get("ranks") or [] if isinstance(r, dict) and r.get("rank") is not None]
-    lost = [r for r in listed if r not in have and r not in failed]
+    lost = [r for r in listed if r not in have and r not in failed and (want is None or r in want)]
     if lost:
         more = f" (and {len(lost) - 1} more rank(s))" if len(lost) > 1 else ""
-        raise InputError(f"{p}: rank {lost[0]} has no partition ({p / f'rank={lost[0]}'}/part-*.parquet){more}; "
-                         "the dataset is incomplete: re-convert it")
+        raise RankError(f"rank {lost[0]}: {p}: the rank has no partition ({p / f'rank={lost[0]}'}/part-*.parquet){more}; "
+                        "the dataset is incomplete: re-convert it", lost[0])
     if not parts:
-        raise InputError(f"{p}: the dataset has no partitions (rank=N/part-*.parquet); re-convert the source")
+        which = "" if want is None else f" of rank(s) {sorted(want)}"
+        raise InputError(f"{p}: the dataset has no partitions{which} (rank=N/part-*.parquet); re-convert the source")
     for _, f in parts:
         note_input(f)
     files = [f for _, f in parts]
@@ -623,15 +627,43 @@ def write_dataset_meta(root: str | os.PathLike[str], metadata: Mapping[str, Any]
         pq.write_metadata(schema, tmp)
 
 
-def open_trace(path: str | os.PathLike[str]) -> tuple[pl.LazyFrame, TraceMeta]:
+def open_trace(path: str | os.PathLike[str], ranks: Iterable[int] | None = None) -> tuple[pl.LazyFrame, TraceMeta]:
     """The rows of a ``trace.parquet`` or a directory dataset as a lazy scan in exactly :data:`POLARS_SCHEMA`
     (rows by rank, then time; missing columns of older files as nulls) and its footer, both validated
     (:mod:`tracekit.trace_check`: one-line errors naming the column, or repairs flagged in ``meta["quality"]``).
-    Every command reads its traces through here."""
+    Every command reads its traces through here.
+
+    A dataset: ``ranks`` restricts the scan and the checks to those ranks' partitions (a cluster task reads and
+    checks its rank's only); a partition that fails the checks is a :class:`RankError` naming its rank and file
+    (``--keep-going`` leaves it out). A ``trace.parquet`` is checked whole (filter the scan for ``ranks``)."""
     meta = read_metadata(path)
     p = Path(path)
-    lf, files = _scan_dataset(p, meta) if p.is_dir() else (pl.scan_parquet(p), [p])
-    return check_data(p, cast(dict[str, Any], meta), lf, files, POLARS_SCHEMA, REQUIRED_COLUMNS), meta
+    if not p.is_dir():
+        return check_data(p, cast(dict[str, Any], meta), pl.scan_parquet(p), [p], POLARS_SCHEMA, REQUIRED_COLUMNS), meta
+    lf, files = _scan_dataset(p, meta, ranks)
+    try:
+        return check_data(p, cast(dict[str, Any], meta), lf, files, POLARS_SCHEMA, REQUIRED_COLUMNS), meta
+    except InputError as e:
+        raise _failed_partition(p, meta, files, e) from None
+
+
+def _failed_partition(p: Path, meta: Mapping[str, Any], files: list[Path], e: InputError) -> InputError:
+    """The checks of a dataset failed with ``e``: the first partition that fails them alone, as a :class:`RankError`
+    (its message names the file); ``e`` when none does alone."""
+    import copy
+
+    if len(files) == 1:  # that partition's
+        r = int(files[0].parent.name.partition("=")[2])
+        msg = str(e)
+        return RankError(f"rank {r}: {files[0]}{msg[len(str(p)):]}" if msg.startswith(f"{p}:") else f"rank {r}: {msg}", r)
+    for f in files:
+        r = int(f.parent.name.partition("=")[2])
+        one = pl.scan_parquet([str(f)], hive_partitioning=True, hive_schema={"rank": POLARS_SCHEMA["rank"]}, schema=_dataset_schema(p))
+        try:
+            check_data(f, copy.deepcopy(dict(meta)), one, [f], POLARS_SCHEMA, REQUIRED_COLUMNS)
+        except InputError as er:
+            return RankError(f"rank {r}: {er}", r)
+    return e
 
 
 def scan_trace(path: str | os.PathLike[str]) -> pl.LazyFrame:

@@ -54,10 +54,12 @@ class RankFailed(RankError):
 
 
 def _source(path: str, ranks: Sequence[int] | None) -> ScanSource:
+    """The trace as a task reads it: a dataset's partitions of ``ranks`` only, read and checked
+    (:func:`tracekit.schema.open_trace`; the client checked the whole trace and holds its quality flags)."""
     from tracekit.analysis.stage.pipeline import ranks_filter
-    from tracekit.schema import scan_trace
+    from tracekit.schema import open_trace
 
-    return ScanSource(path, ranks_filter(scan_trace(path), ranks))
+    return ScanSource(path, ranks_filter(open_trace(path, ranks)[0], ranks))
 
 
 def _maybe_die(rank: int) -> None:
@@ -81,7 +83,7 @@ def _overview_task(path: str, ranks: Sequence[int] | None, rank: int,
     """Task: one rank's aggregate row, small rows and (windowed capture) profiler-window bounds; a read that
     fails is a :class:`~tracekit._errors.RankError` naming the rank and its file."""
     _maybe_die(rank)
-    lf = _source(path, ranks).lazy()
+    lf = _source(path, [rank]).lazy()
     try:
         agg, small = rank_overview(lf, rank)
         bounds = None
@@ -99,7 +101,7 @@ def _rank_task(path: str, ranks: Sequence[int] | None, rank: int, win: Window, p
                inst: pl.DataFrame | None, waits: pl.DataFrame | None, split: bool) -> RankPart:
     """Task: :func:`analyze_rank` of one rank, the plan completed with the rank's own instance and wait rows."""
     _maybe_die(rank)
-    src = _source(path, ranks)
+    src = _source(path, [rank])
     if plan is not None and inst is not None and waits is not None:
         plan = dataclasses.replace(plan, inst=inst, waits=waits)
     (rs, df), = src.parts([rank])
