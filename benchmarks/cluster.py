@@ -157,23 +157,38 @@ class PeakSampler(threading.Thread):
         return self.peak
 
 
-def client_run(args: list[str]) -> tuple[float, int, float, str]:
-    """A tracekit command as a client process: (wall s, peak RSS bytes, CPU s, stdout)."""
+#: runs ``tracekit.cli`` with ``sys.argv[1:]`` and, at exit, writes the process' own VmHWM (kB) to $TK_HWM_FILE
+_CLIENT = ("import atexit, os, runpy, sys\n"
+           "def _hwm():\n"
+           "    kb = [l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')][0]\n"
+           "    open(os.environ['TK_HWM_FILE'], 'w').write(kb)\n"
+           "atexit.register(_hwm)\n"
+           "sys.argv = ['tracekit', *sys.argv[1:]]\n"
+           "runpy.run_module('tracekit.cli', run_name='__main__', alter_sys=True)\n")
+
+
+def client_run(args: list[str], work: Path) -> tuple[float, int, float, str]:
+    """A tracekit command as a client process: (wall s, peak RSS bytes, CPU s, stdout).
+
+    Peak RSS: the client's own ``VmHWM`` (/proc/self/status), read by the client at exit. It is the high-water
+    mark of the process' address space since its exec, so it is neither the parent's (``wait4``'s ``ru_maxrss``
+    starts at the parent's high-water mark on Linux: the previous device run read 607 MB, the controller's, for
+    every case) nor a sample that can miss a short peak."""
+    hwm = work / f"hwm-{os.getpid()}.txt"
+    hwm.unlink(missing_ok=True)
     t0 = time.perf_counter()
-    p = subprocess.Popen([sys.executable, "-m", "tracekit.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = subprocess.Popen([sys.executable, "-c", _CLIENT, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env={**os.environ, "TK_HWM_FILE": str(hwm)})
     out_b: list[bytes] = []
     reader = threading.Thread(target=lambda: out_b.append(p.stdout.read()), daemon=True)  # type: ignore[union-attr]
     reader.start()
-    rss = PeakSampler([p.pid])  # sampled: wait4's ru_maxrss starts at this (larger) process' own high-water mark
-    rss.start()
     _, status, ru = os.wait4(p.pid, 0)
-    peak = max(rss.stop().values())
     reader.join()
     wall = time.perf_counter() - t0
     err = p.stderr.read().decode()  # type: ignore[union-attr]
     if os.waitstatus_to_exitcode(status) != 0:
         raise RuntimeError(f"tracekit {' '.join(args[:1])} failed: {err.strip()[-500:]}")
-    return wall, peak, ru.ru_utime + ru.ru_stime, out_b[0].decode()
+    return wall, int(hwm.read_text()) * 1024, ru.ru_utime + ru.ru_stime, out_b[0].decode()
 
 
 def run_case(cl: Cluster, inputs: Path, work: Path, tag: str) -> dict[str, Any]:
@@ -183,12 +198,13 @@ def run_case(cl: Cluster, inputs: Path, work: Path, tag: str) -> dict[str, Any]:
     shutil.rmtree(ds, ignore_errors=True)
     sampler = PeakSampler(cl.worker_pids())
     sampler.start()
-    cw, cm, cc, _ = client_run(["convert", str(inputs), "-o", str(ds), "--cluster", cl.address, "-q"])
-    aw, am, ac, out = client_run(["analyze", str(ds), "--cluster", cl.address, "--json"])
+    cw, cm, cc, _ = client_run(["convert", str(inputs), "-o", str(ds), "--cluster", cl.address, "-q"], work)
+    aw, am, ac, out = client_run(["analyze", str(ds), "--cluster", cl.address, "--json"], work)
     peaks = sampler.stop()
     doc = json.loads(out)
     return {"convert_s": round(cw, 2), "analyze_s": round(aw, 2), "total_s": round(cw + aw, 2),
-            "client_peak_mb": round(max(cm, am) / 1e6), "client_cpu_s": round(cc + ac, 2),
+            "client_peak_mb": round(max(cm, am) / 1e6), "convert_client_mb": round(cm / 1e6), "analyze_client_mb": round(am / 1e6),
+            "client_cpu_s": round(cc + ac, 2), "convert_client_cpu_s": round(cc, 2), "analyze_client_cpu_s": round(ac, 2),
             "worker_peak_mb": round(max(peaks.values()) / 1e6), "ranks_analyzed": len(doc["ranks"]),
             "idle_pct_rank0": round(100 * doc["ranks"][0]["time_ns"].get("idle", 0) / max(1, doc["ranks"][0]["window_ns"]), 2)}
 
@@ -274,7 +290,7 @@ def simulate(cl: Cluster, base: Path, work: Path, ranks: int, plant: list[int], 
     cl.restart()
     sampler = PeakSampler(cl.worker_pids())
     sampler.start()
-    aw, am, ac, out = client_run(["analyze", str(ds), "--cluster", cl.address, "--json"])
+    aw, am, ac, out = client_run(["analyze", str(ds), "--cluster", cl.address, "--json"], work)
     peaks = sampler.stop()
     doc = json.loads(out)
     late: dict[int, int] = {}
