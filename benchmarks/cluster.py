@@ -101,13 +101,20 @@ class Cluster:
         from distributed import Client
 
         self.client = Client(self.address, set_as_default=False)
+        self.workers = workers
         self.client.wait_for_workers(workers)
 
     def worker_pids(self) -> list[int]:
         return [int(p) for p in self.client.run(os.getpid).values()]
 
     def restart(self) -> None:
-        self.client.restart(timeout=600)
+        """Fresh worker processes before a case; one that does not come back within 60 s is waited for no longer
+        (the worker peaks are sampled during the case, so they do not depend on it)."""
+        try:
+            self.client.restart(timeout=60, wait_for_workers=False)
+            self.client.wait_for_workers(self.workers, timeout=60)
+        except Exception as e:  # noqa: BLE001
+            print(f"restart: {type(e).__name__}: {str(e)[:200]}; continuing with the workers there are", flush=True)
 
     def close(self) -> None:
         self.client.close()
