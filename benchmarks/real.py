@@ -177,14 +177,7 @@ def _fmt(r: dict[str, Any]) -> str:
 
 
 def compare(label: str, src: Path, json_mb: float, work: Path, timeout: float, hta: bool) -> dict[str, Any]:
-    """convert + analyze (tracekit) and load + temporal + idle (HTA) on the same files; prints the ratios."""
-    if src.is_file():  # its own directory: HTA reads every trace of the directory it is given
-        d = work / f"{src.name.split('.')[0]}-x1"
-        d.mkdir(parents=True, exist_ok=True)
-        link = d / ("rank0" + src.name[src.name.index("."):])
-        if not link.exists():
-            os.link(src, link)
-        src = d
+    """convert + analyze (tracekit) and load + temporal + idle (HTA) on the same directory of rank files; prints the ratios."""
     out = work / f"{src.name}.parquet"
     conv = _measure(["convert", str(out), str(src)], timeout)
     an = _measure(["analyze", str(out)], timeout) if "error" not in conv else {"error": "no trace.parquet"}
@@ -261,9 +254,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"read_kineto, {t} parse thread(s): {r['inproc_cpu_s']:.2f} CPU-s, {r['inproc_wall_s']:.2f} s wall in-process = "
                   f"{fl['json_mb'] / r['inproc_cpu_s']:.0f} MB/CPU-s, {fl['json_mb'] / r['inproc_wall_s']:.0f} MB/s; peak {r['peak_mb']:.0f} MB")
             fl[f"read_{t}_threads_cpu_s"], fl[f"read_{t}_threads_wall_s"] = r["inproc_cpu_s"], r["inproc_wall_s"]
-    rows = [compare("real, 1 rank (gz as captured)" if a.trace.name.endswith(".gz") else "real, 1 rank", a.trace, fl["json_mb"],
-                    a.work, a.timeout, not a.skip_hta)]
-    plain = _plain(a.trace, a.work)
+    plain = _plain(a.trace, a.work)  # both tools read the same plain files, each with its distributedInfo.rank
+    rows = [compare("real, 1 rank", _rank_dir(plain, a.work, 1), fl["json_mb"], a.work, a.timeout, not a.skip_hta)]
     if a.ranks > 1:
         rows.append(compare(f"real x {a.ranks} ranks", _rank_dir(plain, a.work, a.ranks), fl["json_mb"] * a.ranks, a.work, a.timeout,
                             not a.skip_hta))
