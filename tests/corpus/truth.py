@@ -16,7 +16,9 @@ classes innermost to outermost, the first that decides:
   activation (an activation module such as ``SiLUActivation``, or aten silu/gelu/relu/sigmoid), moe_routing for the rest:
   dispatch and combine (index, nonzero/where, index_add_, gather/scatter, sort, histc, masked_fill, the routing-weight mul,
   sum over top-k, copies)
-* ``…SparseMoeBlock`` / ``…MoE`` (outside experts, router, shared-expert MLP) -> moe_routing (dispatch and combine)
+* ``…SparseMoeBlock`` / ``…MoE`` and any module that directly holds a router or an experts module in this trace
+  (``GptOssMLP``, ``Llama4TextMoe``, ``HunYuanMoEV1Moe``, ``DbrxFFN``: the MoE block whatever its name), outside
+  experts, router, shared-expert MLP -> moe_routing (dispatch and combine)
 * ``…Linear`` -> dense_gemm (inside Experts: moe_gemm, inside a router: moe_routing)
 * ``…Norm`` (RMSNorm, LayerNorm) and ``…Embedding`` (incl. RotaryEmbedding) -> other_compute
 * ``…Attention`` / ``…Indexer`` -> attention for the attention math (SDPA/flash/cudnn ops, matmul/bmm outside
@@ -81,8 +83,19 @@ def _module_class(name: str) -> str | None:
     return m.group("cls") if m else None
 
 
-def classify(chain_mods: list[str], chain_ops: list[str], kind: str, name: str) -> str:
-    """Truth category of one GPU op from its module classes and aten ops (both innermost first)."""
+def moe_blocks(stacks: Iterable[tuple[list[str], list[str]]]) -> frozenset[str]:
+    """Module classes that directly hold a router or an experts module in some stack: the MoE blocks of this model."""
+    out = set()
+    for mods, _ in stacks:
+        for i, cls in enumerate(mods[:-1]):
+            if (ROUTER.search(cls) and not MLP.search(cls)) or EXPERTS.search(cls):
+                out.add(mods[i + 1])
+    return frozenset(c for c in out if not EXPERTS.search(c) and not ROUTER.search(c))
+
+
+def classify(chain_mods: list[str], chain_ops: list[str], kind: str, name: str, blocks: frozenset[str] = frozenset()) -> str:
+    """Truth category of one GPU op from its module classes and aten ops (both innermost first); ``blocks``: the
+    model's MoE block classes (:func:`moe_blocks`)."""
     if kind != "kernel":
         return "memory"
     if COMM_NAME.search(name):
@@ -107,6 +120,8 @@ def classify(chain_mods: list[str], chain_ops: list[str], kind: str, name: str) 
             if any(ROUTER.search(c) for c in outer):
                 return "moe_routing"
             return "dense_gemm"
+        if cls in blocks:
+            return "moe_routing"
         if NORM.search(cls) or EMBED.search(cls):
             return "other_compute"
         if MLP.search(cls):
@@ -173,6 +188,7 @@ def truth(path: Path, steps: int | None = None) -> dict[str, Any]:
     if not any(e.get("cat") == "python_function" for e in cpu):
         raise SystemExit(f"{path}: no python_function events; capture the twin with with_stack=True")
     stacks = _stacks(cpu, launches)
+    blocks = moe_blocks(stacks.values())
     if window is not None:
         lts = {int(e["args"]["correlation"]): float(e["ts"]) for e in launches}
         gpu = [e for e in gpu if window[0] <= lts.get(int((e.get("args") or {}).get("correlation", -1)), -1.0) <= window[1]]
@@ -188,7 +204,7 @@ def truth(path: Path, steps: int | None = None) -> dict[str, Any]:
         if kind == "kernel" and graph and not mods and not ops:
             cat = "unknown"
         else:
-            cat = classify(mods, ops, kind, e["name"])
+            cat = classify(mods, ops, kind, e["name"], blocks)
         d = float(e.get("dur", 0)) * 1000.0
         busy += d
         if cat == "unknown":
