@@ -34,6 +34,12 @@ from tracekit.schema import CATEGORIES, read_trace
 
 TOL_PP = 3.0
 OTHER_MAX_PCT = 10.0
+#: attention above this share (%) must be within this ratio of its truth
+ATTN_RATIO_FROM_PCT = 0.3
+ATTN_RATIO = (0.8, 1.25)
+#: dense controls: MoE GEMM + routing below this share (%)
+DENSE_FAMILIES = ("llama", "mistral")
+DENSE_MOE_MAX_PCT = 0.5
 TRACES = Path(os.environ.get("TRACEKIT_TRACES", "/work/shared/traces"))
 
 
@@ -60,7 +66,8 @@ def shares(g: pl.DataFrame, col: str = "category") -> dict[str, float]:
 
 
 def hand_truth(g: pl.DataFrame, labels: list[list[str]]) -> tuple[dict[str, float], list[str]]:
-    """Truth shares from hand labels (first matching row wins; memcpy/memset are memory)."""
+    """Truth shares from hand labels (first matching row wins; memcpy/memset are memory; a module label, column
+    ``_mtruth`` of :func:`module_truth`, wins over the name labels)."""
     names = g.filter(pl.col("kind").cast(pl.String) == "kernel").select(pl.col("name").cast(pl.String).unique()).to_series().to_list()
     table, missing = {}, []
     for n in names:
@@ -70,11 +77,36 @@ def hand_truth(g: pl.DataFrame, labels: list[list[str]]) -> tuple[dict[str, floa
                 break
         else:
             missing.append(n)
+    by_name = pl.col("name").cast(pl.String).replace_strict(table, default=None)
+    if "_mtruth" in g.columns:
+        by_name = pl.coalesce(pl.col("_mtruth"), by_name)
     lab = g.with_columns(
-        pl.when(pl.col("kind").cast(pl.String) != "kernel").then(pl.lit("memory"))
-        .otherwise(pl.col("name").cast(pl.String).replace_strict(table, default=None)).alias("_truth")
+        pl.when(pl.col("kind").cast(pl.String) != "kernel").then(pl.lit("memory")).otherwise(by_name).alias("_truth")
     )
     return shares(lab, "_truth"), missing
+
+
+def module_truth(src: Path, g: pl.DataFrame, labels: list[list[str]]) -> pl.DataFrame:
+    """Hand labels that depend on the launching module (``module_labels``: ``[module_regex, name_regex, category, why]``),
+    for a trace that carries its stacks: the module chain of each kernel comes from truth.py's own stack reader (not
+    tracekit's). Adds ``_mtruth`` (null where no row applies)."""
+    import truth as T  # noqa: PLC0415 - the independent with_stack reader
+
+    doc = T._load(src)
+    ev = doc["traceEvents"] if isinstance(doc, dict) else doc
+    cpu = [e for e in ev if e.get("ph") == "X" and e.get("cat") in ("python_function", "cpu_op", "user_annotation")]
+    la = [e for e in ev if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver")
+          and "correlation" in (e.get("args") or {}) and T.LAUNCH.search(e.get("name", ""))]
+    stacks = T._stacks(cpu, la)
+    rows = g.filter(pl.col("kind").cast(pl.String) == "kernel").select("correlation", pl.col("name").cast(pl.String)).unique()
+    lab: dict[int, str] = {}
+    for corr, name in rows.iter_rows():
+        mods = stacks.get(int(corr), ([], []))[0] if corr is not None else []
+        for mrx, nrx, cat, *_ in labels:
+            if any(re.search(mrx, m) for m in mods) and re.search(nrx, name):
+                lab[int(corr)] = cat
+                break
+    return g.with_columns(pl.col("correlation").replace_strict(lab, default=None, return_dtype=pl.String).alias("_mtruth"))
 
 
 ROLE_TRUTH = {"router": "moe_routing", "moe_gemm": "moe_gemm", "attn": "attention"}
@@ -127,6 +159,8 @@ def measure(case: str, workdir: Path) -> dict[str, Any]:
     if exp["truth_method"] == "nvtx_ranges":
         pass
     elif exp["truth_method"] == "hand_labels":
+        if exp.get("module_labels"):
+            g = module_truth(src, g, exp["module_labels"])
         truth, missing = hand_truth(g, exp["hand_labels"])
     else:
         truth = exp["shares_pct"]

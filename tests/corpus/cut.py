@@ -4,7 +4,9 @@
 trace's metadata, every CPU event that starts inside the first ``N`` step ranges (the
 ``forward#i``/``ProfilerStep#i``... ranges of :mod:`tracekit.steplabels`, in time order) and the
 GPU events launched by the kept runtime calls (by correlation) or starting inside those steps.
-``--strip-stack`` drops ``python_function`` events (a with_stack twin becomes a plain trace).
+``--strip-stack`` drops ``python_function`` events (a with_stack twin becomes a plain trace); ``--modules-only``
+keeps only its ``nn.Module: <Class>_<n>`` ranges (all of the stack that truth.py and tracekit read: a twin
+fixture); ``--strip-shapes`` drops the ``record_shapes`` arguments of CPU ops (Input Dims, strides, types).
 """
 
 from __future__ import annotations
@@ -22,7 +24,17 @@ from tracekit.steplabels import FAMILIES
 GPU = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")
 
 
-def cut(src: Path, dst: Path, steps: int, strip_stack: bool = False) -> dict:
+SHAPE_ARGS = ("Input Dims", "Input Strides", "Input type", "Concrete Inputs")
+
+
+def _drop(e: dict, strip_stack: bool, modules_only: bool) -> bool:
+    if e.get("cat") != "python_function":
+        return False
+    return strip_stack or (modules_only and not str(e.get("name", "")).startswith("nn.Module: "))
+
+
+def cut(src: Path, dst: Path, steps: int, strip_stack: bool = False, modules_only: bool = False,
+        strip_shapes: bool = False) -> dict:
     with gzip.open(src, "rt") as f:
         doc = json.load(f)
     ev = doc["traceEvents"]
@@ -36,8 +48,10 @@ def cut(src: Path, dst: Path, steps: int, strip_stack: bool = False) -> dict:
     for e in ev:
         if e.get("ph") == "M" or e.get("cat") in GPU:
             continue
-        if strip_stack and e.get("cat") == "python_function":
+        if _drop(e, strip_stack, modules_only):
             continue
+        if strip_shapes and e.get("cat") == "cpu_op" and e.get("args"):
+            e["args"] = {k: v for k, v in e["args"].items() if k not in SHAPE_ARGS}
         if e.get("ph") in ("X", "i", "I") and t0 <= float(e.get("ts", -1)) <= t1:
             keep.append(e)
             c = (e.get("args") or {}).get("correlation")
@@ -63,8 +77,10 @@ def main() -> int:
     ap.add_argument("dst", type=Path)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--strip-stack", action="store_true")
+    ap.add_argument("--modules-only", action="store_true")
+    ap.add_argument("--strip-shapes", action="store_true")
     a = ap.parse_args()
-    print(json.dumps(cut(a.src, a.dst, a.steps, a.strip_stack)))
+    print(json.dumps(cut(a.src, a.dst, a.steps, a.strip_stack, a.modules_only, a.strip_shapes)))
     return 0
 
 

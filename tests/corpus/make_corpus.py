@@ -3,12 +3,15 @@
     python tests/corpus/make_corpus.py [/work/corpus_raw] [RUN ...]
 
 For each run NAME of the raw folder (``NAME.plain.json.gz`` as users profile, ``NAME.stack.json.gz`` its
-``with_stack=True`` twin, ``NAME.plain.truth.json`` the program's metadata and own step clock):
+``with_stack=True`` twin, ``NAME.plain.truth.json`` the program's metadata and own step clock; runs of the newer
+protocol also have ``NAME.post.json``, the steps the device kept, and may be twins only, ``NAME_twin``):
 
 * ``fixtures/NAME.json.gz``: the plain trace cut to its first ``STEPS[NAME]`` steps (:mod:`cut`);
 * ``expect/NAME.json``: the truth of the twin over the same steps (:mod:`truth`: category of each kernel
   from its launching nn.Module), the steps the program ran in that window (labels), and the program's own
-  per-step clock (``host_ns`` = perf_counter around the step, ``gpu_ms`` = CUDA events around it).
+  per-step clock (``host_ns`` = perf_counter around the step, ``gpu_ms`` = CUDA events around it);
+* (newer protocol) ``fixtures/NAME_twin.json.gz`` + ``expect/NAME_twin.json``: the twin itself as a fixture
+  (:func:`build_twin`), so that tracekit is checked on the with_stack trace (module context) as well.
 
 The corpus test (``test_corpus.py``) never reads the raw folder: only these two files per run.
 
@@ -35,8 +38,38 @@ STEPS_DEFAULT = 4
 STEPS = {"glm5_eager_sdpa": 2}
 
 
+#: twin fixtures larger than this lose their record_shapes arguments, then their decode steps
+TWIN_BYTES = 1_300_000
+
+
+def _device_steps(raw: Path, run: str, tag: str) -> int | None:
+    """Steps the device kept of a run's trace (``RUN.post.json`` of capture_scripts/transformers_corpus_capture.py)."""
+    p = raw / f"{run}.post.json"
+    if not p.exists():
+        return None
+    info = json.loads(p.read_text()).get(tag)
+    return len(info["steps"]) if info else None
+
+
+def _write_expect(case: str, exp: dict) -> dict:
+    out = HERE / "expect" / f"{case}.json"
+    if out.exists():  # documented deviations are written by hand: keep them
+        old = json.loads(out.read_text())
+        if "known_gaps" in old:
+            exp["known_gaps"] = old["known_gaps"]
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(exp, indent=1) + "\n")
+    tmp.replace(out)
+    return exp
+
+
+def _model(meta: dict) -> dict:
+    return {k: meta.get(k) for k in ("family", "model_type", "experts_implementation", "attn_implementation", "torch", "transformers", "gpu")}
+
+
 def build(raw: Path, run: str) -> dict:
-    steps = STEPS.get(run, STEPS_DEFAULT)
+    plain, stack = _device_steps(raw, run, "plain"), _device_steps(raw, run, "stack")
+    steps = min(plain, stack) if plain and stack else STEPS.get(run, STEPS_DEFAULT)
     fx = HERE / "fixtures" / f"{run}.json.gz"
     info = cut(raw / f"{run}.plain.json.gz", fx, steps)
     t = truth(raw / f"{run}.stack.json.gz", steps)
@@ -47,7 +80,7 @@ def build(raw: Path, run: str) -> dict:
         "trace": f"fixtures/{run}.json.gz",
         "source": f"{run}.plain.json.gz (cut to {steps} steps); truth from {run}.stack.json.gz over the same steps",
         "truth_method": "with_stack",
-        "model": {k: meta.get(k) for k in ("family", "model_type", "experts_implementation", "attn_implementation", "torch", "transformers", "gpu")},
+        "model": _model(meta),
         "shares_pct": t["shares_pct"],
         "truth_busy_ns": t["busy_ns"],
         "truth_top": t["by_name"][:25],
@@ -55,15 +88,47 @@ def build(raw: Path, run: str) -> dict:
         "program_clock": prog,
         "fixture_bytes": info["bytes"],
     }
-    out = HERE / "expect" / f"{run}.json"
-    if out.exists():  # documented deviations are written by hand: keep them
-        old = json.loads(out.read_text())
-        if "known_gaps" in old:
-            exp["known_gaps"] = old["known_gaps"]
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(exp, indent=1) + "\n")
-    tmp.replace(out)
-    return exp
+    return _write_expect(run, exp)
+
+
+def twin_case(run: str) -> str:
+    return run if run.endswith("_twin") else f"{run}_twin"
+
+
+def build_twin(raw: Path, run: str) -> dict:
+    """``fixtures/<run>_twin.json.gz``: the with_stack twin itself as a fixture (its ``nn.Module`` ranges kept, the
+    other Python frames dropped), at most :data:`TWIN_BYTES`; its truth is its own module chain (truth.py)."""
+    case = twin_case(run)
+    src = raw / f"{run}.stack.json.gz"
+    fx = HERE / "fixtures" / f"{case}.json.gz"
+    steps = _device_steps(raw, run, "stack") or STEPS_DEFAULT
+    how = []
+    info = cut(src, fx, steps, modules_only=True)
+    if info["bytes"] > TWIN_BYTES:
+        how.append("record_shapes arguments dropped")
+        info = cut(src, fx, steps, modules_only=True, strip_shapes=True)
+    if info["bytes"] > TWIN_BYTES and steps > 1:
+        steps, how = 1, how + ["prefill step only"]
+        info = cut(src, fx, steps, modules_only=True, strip_shapes=True)
+    t = truth(fx)
+    meta = json.loads((raw / f"{run}.plain.truth.json").read_text())
+    prog = (meta.get("steps_profiled_stack") or meta["steps_profiled"])[:steps]
+    assert [p["label"] for p in prog] == info["steps"], (case, info["steps"])
+    exp = {
+        "trace": f"fixtures/{case}.json.gz",
+        "source": f"{run}.stack.json.gz (with_stack=True, with_modules=True, record_shapes=True; nn.Module ranges kept, other Python "
+                  f"frames dropped{'; ' + '; '.join(how) if how else ''}; {steps} steps)",
+        "truth_method": "with_stack",
+        "twin_of": run.removesuffix("_twin"),
+        "model": _model(meta),
+        "shares_pct": t["shares_pct"],
+        "truth_busy_ns": t["busy_ns"],
+        "truth_top": t["by_name"][:25],
+        "steps": {"count": steps, "labels": info["steps"]},
+        "program_clock": prog,
+        "fixture_bytes": info["bytes"],
+    }
+    return _write_expect(case, exp)
 
 
 CAPTURE_CASE = "qwen3moe_grouped_capture"
@@ -117,13 +182,16 @@ def build_capture(raw: Path) -> dict:
 
 def main(argv: list[str]) -> int:
     raw = Path(argv[0]) if argv else Path("/work/corpus_raw")
-    runs = argv[1:] or sorted(p.name[: -len(".plain.json.gz")] for p in raw.glob("*.plain.json.gz"))
+    runs = argv[1:] or sorted(p.name[: -len(".stack.json.gz")] for p in raw.glob("*.stack.json.gz"))
     for r in runs:
         if not (raw / f"{r}.stack.json.gz").exists():
             print(f"{r}: no with_stack twin, skipped")
             continue
-        e = build(raw, r)
-        print(f"{r}: {e['fixture_bytes'] / 1e6:.2f} MB, " + " ".join(f"{k}={v:.1f}" for k, v in e["shares_pct"].items()))
+        made = [build(raw, r)] if (raw / f"{r}.plain.json.gz").exists() else []
+        if _device_steps(raw, r, "stack"):  # the newer protocol: the twin is a fixture too
+            made.append(build_twin(raw, r))
+        for e in made:
+            print(f"{e['trace']}: {e['fixture_bytes'] / 1e6:.2f} MB, " + " ".join(f"{k}={v:.1f}" for k, v in e["shares_pct"].items()))
     if not argv[1:] and (raw / "program_capture" / "moe_program.stack.json.gz").exists():
         e = build_capture(raw)
         print(f"{CAPTURE_CASE}: {e['fixture_bytes'] / 1e6:.2f} MB, " + " ".join(f"{k}={v:.1f}" for k, v in e["shares_pct"].items()))

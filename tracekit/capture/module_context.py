@@ -20,21 +20,14 @@ runs, e.g. from the capture boot (``tracekit/capture/_boot/sitecustomize.py``) w
 
 from __future__ import annotations
 
-import re
 from typing import Any
+
+from tracekit.modroles import ROLES, class_role, moe_block_roles
+from tracekit.modroles import range_name as _range_name
 
 __all__ = ["ROLES", "install", "range_name", "role_of", "uninstall"]
 
-#: (role, regex on the class name), first match wins; order matters (``...MoeAttention`` is attention,
-#: ``...MoeExperts`` experts, ``...SparseMoeBlock`` the MoE block)
-ROLES: list[tuple[str, re.Pattern[str]]] = [
-    ("router", re.compile(r"(Router|TopK|Topk|MoeGate|MoEGate)$")),
-    ("experts", re.compile(r"(Experts|FusedMoE|MoeExperts|ExpertsGroup)$")),
-    ("attention", re.compile(r"(Attention|Attn|Indexer)$")),
-    ("moe", re.compile(r"(SparseMoeBlock|MoeBlock|MoE|MoELayer|MoeLayer)$")),
-]
-
-_state: dict[str, Any] = {"handles": [], "global": None, "cache": {}, "hooked": set()}
+_state: dict[str, Any] = {"handles": [], "global": None, "cache": {}, "hooked": set(), "extra": {}}
 
 
 def role_of(cls: type) -> str | None:
@@ -42,15 +35,14 @@ def role_of(cls: type) -> str | None:
     cache: dict[type, str | None] = _state["cache"]
     if cls in cache:
         return cache[cls]
-    name = cls.__name__
-    role = next((r for r, rx in ROLES if rx.search(name)), None)
+    role = _state["extra"].get(cls.__name__) or class_role(cls.__name__)
     cache[cls] = role
     return role
 
 
 def range_name(module: Any) -> str | None:
     role = role_of(type(module))
-    return None if role is None else f"tk.mod[{role} {type(module).__name__}]"
+    return None if role is None else _range_name(role, type(module).__name__)
 
 
 def _hook_module(m: Any) -> None:
@@ -79,6 +71,16 @@ def _hook_module(m: Any) -> None:
     _state["hooked"].add(id(m))
 
 
+def _tree_roles(root: Any) -> None:
+    """Roles the module tree gives (an MoE block by the router or experts it holds: :func:`moe_block_roles`)."""
+    parent_of: dict[str, set[str]] = {}
+    for m in root.modules():
+        for c in m.children():
+            parent_of.setdefault(type(c).__name__, set()).add(type(m).__name__)
+    _state["extra"].update(moe_block_roles(parent_of))
+    _state["cache"].clear()
+
+
 def install(model: Any | None = None) -> int:
     """Hook ``model``'s matching submodules; without a model, the first model that runs a forward.
 
@@ -87,6 +89,7 @@ def install(model: Any | None = None) -> int:
 
     if model is not None:
         before = len(_state["handles"])
+        _tree_roles(model)
         for m in model.modules():
             _hook_module(m)
         return (len(_state["handles"]) - before) // 2
@@ -96,6 +99,7 @@ def install(model: Any | None = None) -> int:
             _state["global"] = None
             if h is not None:
                 h.remove()
+            _tree_roles(mod)
             for m in mod.modules():  # submodules run after this hook: their ranges open on this forward
                 _hook_module(m)
 

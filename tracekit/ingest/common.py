@@ -33,6 +33,7 @@ from tracekit import _interrupt
 from tracekit._frames import NAME_CODE, aligned, attach, attach_rows, distinct_names, row_index  # noqa: F401
 from tracekit.core.intervals import covered_by
 from tracekit.categories import RuleSet, default_rules
+from tracekit.ingest.modules import module_ranges
 from tracekit.ingest.moe_structure import apply_moe_structure
 from tracekit.schema import conform
 from tracekit.steplabels import FAMILIES, NUMBERED, choose_family, label_fields
@@ -259,27 +260,30 @@ def _cpu_mode(df: pl.DataFrame) -> pl.DataFrame:
 _LAUNCH_T = {"_lts": pl.Int64, "_ldur": pl.Int64, "_ltid": pl.Int64, "_lname": pl.String}
 
 
-def _context_rules(df: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:
-    if not rules.context:
-        return df
+def _context_ranges(df: pl.DataFrame, rules: RuleSet) -> tuple[pl.DataFrame, dict[int, list[int]]]:
+    """Ranges some context rule names (``_rid`` per distinct name) and, per rule, the ``_rid`` it applies to."""
     ranges = df.filter(pl.col("kind") == "range").select(
         "tid", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns"), pl.col("name").cast(pl.String).alias("rname")
     )
-    if ranges.height == 0:
-        return df
-    # which context rule (first match) each distinct range name triggers
-    rnames = ranges.get_column("rname").unique().to_list()
-    rule_of = {}
-    for n in rnames:
+    rid: dict[str, int] = {}
+    of_rule: dict[int, list[int]] = {}
+    for n in ranges.get_column("rname").unique().to_list():
         for i, r in enumerate(rules.context):
             if r.range_regex.search(n):
-                rule_of[n] = i
-                break
-    if not rule_of:
+                of_rule.setdefault(i, []).append(rid.setdefault(n, len(rid)))
+    ranges = ranges.filter(pl.col("rname").is_in(list(rid))).with_columns(
+        pl.col("rname").replace_strict(rid, return_dtype=pl.Int32).alias("_rid"))
+    return ranges, of_rule
+
+
+def _context_rules(df: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:
+    """Context rules (``schemas/categories_v1.json`` ``context``): the innermost range that any rule names decides;
+    of the rules naming it, the first whose ``from_categories`` and ``name_regex`` hold for the op applies."""
+    if not rules.context:
         return df
-    ranges = ranges.filter(pl.col("rname").is_in(list(rule_of))).with_columns(
-        pl.col("rname").replace_strict(rule_of, return_dtype=pl.Int32).alias("_rule")
-    )
+    ranges, of_rule = _context_ranges(df, rules)
+    if ranges.height == 0:
+        return df
     is_gpu = pl.col("kind").is_in(GPU_KINDS)
     gpu = (
         df.lazy().with_row_index("_row")
@@ -298,15 +302,15 @@ def _context_rules(df: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:
         ranges.rename({"ts_ns": "start", "end_ns": "end"}),
         by="tid",
         at="ts",
-        payload=["_rule"],
+        payload=["_rid"],
         keep_order=False,
-    ).filter(pl.col("_rule").is_not_null())
+    ).filter(pl.col("_rid").is_not_null())
     if hit.height == 0:
         return df
-    gpu = gpu.join(hit.select("_row", "_rule"), on="_row", how="inner")
+    gpu = gpu.join(hit.select("_row", "_rid"), on="_row", how="inner")
     new_cat = []
     for i, r in enumerate(rules.context):
-        sel = gpu.filter(pl.col("_rule") == i)
+        sel = gpu.filter(pl.col("_rid").is_in(of_rule.get(i, [])))
         if sel.height == 0:
             continue
         cond = pl.col("category").is_in(list(r.from_categories))
@@ -315,9 +319,10 @@ def _context_rules(df: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:
             # CPU operators (aten::mm, aten::_grouped_mm) name no kernel: their family (gemm.cpu) counts too
             by_fam = _cpu_device_row() & pl.col("family").cast(pl.String).str.contains(r.name_regex.pattern).fill_null(False)
             cond = cond & (by_name | by_fam)
-        sel = sel.filter(cond).select("_row", pl.lit(r.category).cast(pl.Categorical).alias("_c"),
-                                      pl.lit(r.id).cast(pl.Categorical).alias("_f"))
-        new_cat.append(sel)
+        sel = sel.filter(cond)
+        gpu = gpu.join(sel.select("_row"), on="_row", how="anti")  # the first rule that applies wins
+        new_cat.append(sel.select("_row", pl.lit(r.category).cast(pl.Categorical).alias("_c"),
+                                  pl.lit(r.id).cast(pl.Categorical).alias("_f")))
     if not new_cat:
         return df
     upd = pl.concat(new_cat)
@@ -433,6 +438,7 @@ def finalize_rank(raw: pl.DataFrame | list[pl.DataFrame], rules: RuleSet | None 
     rules = rules or default_rules()
     df = conform(raw.pop() if isinstance(raw, list) else raw)
     del raw
+    df = module_ranges(df)  # a stack trace's nn.Module ranges -> module context (tk.mod[...])
     # a Ctrl-C stops between the steps (each is a few polars passes over the rank)
     df = parse_steps(df, rules.steps_from)
     _interrupt.check("finalize")

@@ -82,6 +82,15 @@ _SKIP = {
 }
 
 
+#: a ``with_stack``/``with_modules`` trace's module ranges (``python_function`` events named ``nn.Module: <Class>_<n>``)
+#: are kept as ``range`` rows: they are the module context (:mod:`tracekit.ingest.modules`); other Python frames are not
+MODULE_PREFIX = "nn.Module: "
+
+
+def _is_module(e: Any) -> bool:
+    return e.cat == "python_function" and isinstance(e.name, str) and e.name.startswith(MODULE_PREFIX)
+
+
 class _Args(msgspec.Struct, rename={
     "external_id": "External id",
     "registers": "registers per thread",
@@ -311,13 +320,13 @@ class _Cols:
     @staticmethod
     def _select(evs: list[Any], quality_unknown: dict[str, int]) -> list[Any]:
         kinds = KINETO_KINDS
-        keep = [e for e in evs if e.ph == "X" and e.cat in kinds]
+        keep = [e for e in evs if e.ph == "X" and (e.cat in kinds or _is_module(e))]
         if len(keep) != len(evs):
             unknown: dict[str, int] = {}
             keep = []  # file order, as the columnar path keeps it
             for e in evs:
                 if e.ph == "X":
-                    if e.cat in kinds:
+                    if e.cat in kinds or _is_module(e):
                         keep.append(e)
                     elif e.cat not in _SKIP:
                         unknown[str(e.cat)] = unknown.get(str(e.cat), 0) + 1
@@ -342,7 +351,7 @@ class _Cols:
         if not keep:
             return
         c = self.c
-        c["_kind"].extend([kinds.get(e.cat, "instant") if e.ph == "X" else "instant" for e in keep])
+        c["_kind"].extend([kinds.get(e.cat, "range" if _is_module(e) else "instant") if e.ph == "X" else "instant" for e in keep])
         for f in ("cat", "name", "pid", "tid", "ts", "dur"):
             c[f].extend(map(attrgetter(f), keep))
         args = [e.args for e in keep]
@@ -980,8 +989,10 @@ def _arrow_stage(chunk: bytearray, unknown: dict[str, int]) -> pl.DataFrame | No
     def a(k: str) -> pl.Expr:
         return pl.col(f"args.{k}")
 
-    out = lf.filter((is_x & pl.col("cat").is_in(known)) | inst).select(
-        pl.when(pl.col("ph") == "X").then(pl.col("cat").replace_strict(KINETO_KINDS, default=None)).otherwise(pl.lit("instant")).alias("kind"),
+    module = is_x & (pl.col("cat") == "python_function") & pl.col("name").str.starts_with(MODULE_PREFIX)
+    out = lf.filter((is_x & pl.col("cat").is_in(known)) | inst | module).select(
+        pl.when(module).then(pl.lit("range"))
+        .when(pl.col("ph") == "X").then(pl.col("cat").replace_strict(KINETO_KINDS, default=None)).otherwise(pl.lit("instant")).alias("kind"),
         pl.col("cat").alias("src"),
         pl.col("name").fill_null(""),
         pl.col("pid"),

@@ -11,9 +11,8 @@ model forward is a sequence):
   ``aten::topk`` launched), not preceded by another top-k since its gate GEMM, with its probabilities
   (``softmax``/``sigmoid``) on either side: *probabilities first* (gate GEMM, at most
   :data:`MAX_GEMM_TO_PROBS` ops, probabilities, at most :data:`MAX_PROBS_TO_TOPK` ops, top-k: Mixtral,
-  Qwen, OLMoE, DeepSeek, GLM) or *top-k first* (gate GEMM, at most :data:`MAX_GEMM_TO_TOPK` ops, top-k, at
-  most :data:`MAX_TOPK_TO_PROBS` ops without a GEMM, probabilities over the chosen experts: GPT-OSS,
-  Granite, Llama 4). The gate GEMM is the one GEMM op before it (a split-K GEMM and its reduce, one aten
+  Qwen, OLMoE, DeepSeek, GLM) or *top-k first* (gate GEMM, at most :data:`MAX_GEMM_TO_TOPK` ops, top-k,
+  then the probabilities over the chosen experts before any other GEMM: GPT-OSS, Granite, Llama 4). The gate GEMM is the one GEMM op before it (a split-K GEMM and its reduce, one aten
   op); a GEMM right before it that another op launched (a shared expert's down projection) stays dense.
   The DSA indexer's and a sampler's top-k have no GEMM -> probabilities -> top-k chain around them.
 * **MoE block** = from the router to the *last combine* before the next norm (a named norm kernel,
@@ -40,9 +39,10 @@ model forward is a sequence):
 * **eager attention** = ``softmax`` (by name or launched by ``aten::_softmax``) between its nearest GEMMs
   (QK^T before, PV after), with no top-k and no norm between them, outside any MoE block: both GEMMs and
   the softmax are ``attention`` (family ``attention.eager``). When both GEMMs were launched by batched
-  matmuls (``bmm``/``baddbmm``: a projection is an ``mm``/``addmm``), up to :data:`MAX_ATTN_GAP_BATCHED`
-  ops may sit between each GEMM and the softmax (masks, attention sinks concatenated and max-subtracted,
-  a copy of the sliced probabilities); otherwise at most :data:`MAX_ATTN_GAP`.
+  matmuls (``bmm``/``baddbmm``; a projection is an ``mm``/``addmm``), any ops may sit between them and the
+  softmax (masks, attention sinks concatenated and max-subtracted, a copy of the sliced probabilities): the
+  nearest GEMMs and the absent top-k and norm bound it; when a launching op is unknown (an nsys trace, a
+  graph replay), at most :data:`MAX_ATTN_GAP` ops on each side.
 * **sparse-attention indexer** (DeepSeek-V3.2 / GLM-5 DSA "lightning indexer", NSA-style top-k attention) =
   a top-k outside every MoE block whose next GEMM-or-attention op is an attention kernel (nothing but mask
   building between): the top-k picks the keys that attention reads. The GEMM chain just before the top-k
@@ -82,12 +82,10 @@ FLAT_GEMM_OPS = r"^aten::(mm|addmm|linear|matmul|addmv|mv|_scaled_mm)$"
 BLOCK_DENSE_FAMILY = "gemm.moe_block"
 MAX_PROBS_TO_TOPK = 4
 MAX_GEMM_TO_PROBS = 3
-#: top-k-first routers: gate GEMM -> top-k, then the probabilities over the chosen experts
+#: top-k-first routers: gate GEMM -> top-k (then the probabilities over the chosen experts, before the next GEMM)
 MAX_GEMM_TO_TOPK = 3
-MAX_TOPK_TO_PROBS = 5
+#: eager attention when a GEMM's launching op is unknown (between two batched matmuls no count applies)
 MAX_ATTN_GAP = 4
-#: eager attention between two batched matmuls (masks, sinks, max-subtraction, a copy between them)
-MAX_ATTN_GAP_BATCHED = 12
 #: a sparse-attention indexer: its top-k at most this many ops before the attention it feeds (mask building between)
 MAX_INDEXER_TO_ATTN = 24
 #: ... and its key-scoring GEMMs within this many ops before the top-k
@@ -197,7 +195,7 @@ def _routers(ops: pl.DataFrame) -> pl.DataFrame:
     topk_first = (
         pl.col("_g_prev").is_not_null() & (_POS - pl.col("_g_prev") <= MAX_GEMM_TO_TOPK)
         & (k_prev.is_null() | (k_prev < pl.col("_g_prev")))
-        & pl.col("_p_next").is_not_null() & (pl.col("_p_next") - _POS <= MAX_TOPK_TO_PROBS)
+        & pl.col("_p_next").is_not_null()
         & (pl.col("_g_next").is_null() | (pl.col("_g_next") > pl.col("_p_next")))
     )
     hit = cand.filter(probs_first | topk_first).with_columns(
@@ -266,9 +264,9 @@ def _eager_attention(ops: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
     s = ops.filter(pl.col("_softmax") & pl.col("_g_prev").is_not_null() & pl.col("_g_next").is_not_null())
     s = s.join(batched.rename({"_g": "_g_prev", "_b": "_b1"}), on="_g_prev", how="left").join(
         batched.rename({"_g": "_g_next", "_b": "_b2"}), on="_g_next", how="left")
-    gap = pl.when(pl.col("_b1") & pl.col("_b2")).then(MAX_ATTN_GAP_BATCHED).otherwise(MAX_ATTN_GAP)
+    gap = pl.when(pl.col("_b1") & pl.col("_b2")).then(pl.lit(None, dtype=pl.Int64)).otherwise(MAX_ATTN_GAP)
     att = s.filter(
-        (_POS - pl.col("_g_prev") <= gap) & (pl.col("_g_next") - _POS <= gap)
+        ((_POS - pl.col("_g_prev") <= gap) & (pl.col("_g_next") - _POS <= gap)).fill_null(True)
         # a top-k between them makes it a router or sampler, a norm a layer boundary: not attention
         & (pl.col("_k_prev").is_null() | (pl.col("_k_prev") < pl.col("_g_prev")))
         & (pl.col("_k_next").is_null() | (pl.col("_k_next") > pl.col("_g_next")))
