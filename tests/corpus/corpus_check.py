@@ -139,31 +139,47 @@ def nvtx_truth(df: pl.DataFrame) -> dict[str, float]:
     return shares(g.with_columns(t.alias("_truth")), "_truth")
 
 
-def measure(case: str, workdir: Path) -> dict[str, Any]:
-    exp = load(case)
-    src = trace_path(exp)
+def frame(case: str, workdir: Path) -> pl.DataFrame:
+    """The case's trace as tracekit converts it (a capture's parquet as it came out)."""
+    src = trace_path(load(case))
     if src.suffix == ".parquet":  # a trace made by `tracekit capture`: read as it came out
         df, _ = read_trace(src)
-    else:
-        out = workdir / f"{case}.parquet"
+        return df
+    out = workdir / f"{case}.parquet"
+    if not out.exists():
         convert([src], out, force=True)
-        df, _ = read_trace(out)
-    missing: list[str] = []
+    df, _ = read_trace(out)
+    return df
+
+
+def _without_roles(df: pl.DataFrame) -> pl.DataFrame:
+    """The nvtx case: its role ranges removed (ours comes from the launch pattern alone)."""
+    return df.filter(~((pl.col("kind").cast(pl.String) == "range") & pl.col("name").cast(pl.String).is_in(list(ROLE_TRUTH))))
+
+
+def truth_of(case: str, df: pl.DataFrame) -> tuple[dict[str, float], list[str]]:
+    """The case's truth shares (and, for hand labels, the kernel names no label matched)."""
+    exp = load(case)
     if exp["truth_method"] == "nvtx_ranges":
-        # truth from the ranges; ours from the launch pattern alone: the same rows finalized without them
-        truth = nvtx_truth(df)
-        bare = df.filter(~((pl.col("kind").cast(pl.String) == "range") & pl.col("name").cast(pl.String).is_in(list(ROLE_TRUTH))))
+        return nvtx_truth(df), []
+    if exp["truth_method"] == "hand_labels":
+        g = _gpu(df)
+        if exp.get("module_labels"):
+            g = module_truth(trace_path(exp), g, exp["module_labels"])
+        return hand_truth(g, exp["hand_labels"])
+    return exp["shares_pct"], []
+
+
+def measure(case: str, workdir: Path) -> dict[str, Any]:
+    exp = load(case)
+    df = frame(case, workdir)
+    truth, missing = truth_of(case, df)
+    if exp["truth_method"] == "nvtx_ranges":
+        # ours from the launch pattern alone: the same rows finalized without the role ranges
+        bare = _without_roles(df)
         df = finalize_rank(bare.with_columns(pl.lit(None, dtype=pl.String).alias("category"), pl.lit(None, dtype=pl.String).alias("family")))
     g = _gpu(df)
     ours = shares(g)
-    if exp["truth_method"] == "nvtx_ranges":
-        pass
-    elif exp["truth_method"] == "hand_labels":
-        if exp.get("module_labels"):
-            g = module_truth(src, g, exp["module_labels"])
-        truth, missing = hand_truth(g, exp["hand_labels"])
-    else:
-        truth = exp["shares_pct"]
     tot = g["dur_ns"].sum() or 1
     unexplained = 100.0 * g.filter(pl.col("family").cast(pl.String) == "other")["dur_ns"].sum() / tot
     st = step_stats(df)
@@ -199,12 +215,52 @@ def table(m: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def main() -> int:
+def lofo(workdir: Path, needs_file: Path | None = None) -> list[dict[str, Any]]:
+    """Leave-one-family-out (:mod:`lofo`): per family, the worst MoE GEMM / routing / attention error of its cases
+    with every threshold fit to the other families only."""
+    import lofo as L  # noqa: PLC0415
+
+    data, needs, fams = {}, {}, {}
+    for c in cases():
+        if not trace_path(load(c)).exists():
+            continue
+        df = frame(c, workdir)
+        truth, _ = truth_of(c, df)
+        if load(c)["truth_method"] == "nvtx_ranges":
+            df = _without_roles(df)
+        data[c], fams[c] = (df, truth), L.family(load(c), c)
+        needs[c] = {t: L.need(df, lambda d: shares(_gpu(d)), t) for t in L.THRESHOLDS}
+        print(f"  needs {c}: {needs[c]}", file=sys.stderr, flush=True)
+    if needs_file is not None:
+        L.write_needs(needs_file, needs)
+    rows = []
+    for fam in sorted(set(fams.values())):
+        fit = L.fitted(needs, fams, fam)
+        err, lo_hi = dict.fromkeys(L.CATS, 0.0), None
+        with L.thresholds(fit):
+            for c in (c for c in data if fams[c] == fam):
+                df, truth = data[c]
+                ours = shares(_gpu(L.refinalize(df)))
+                for k in L.CATS:
+                    err[k] = max(err[k], abs(ours[k] - truth.get(k, 0.0)))
+                if truth.get("attention", 0.0) > ATTN_RATIO_FROM_PCT:
+                    r = ours["attention"] / truth["attention"]
+                    lo_hi = (min(r, lo_hi[0]), max(r, lo_hi[1])) if lo_hi else (r, r)
+        rows.append({"family": fam, "cases": sum(1 for c in data if fams[c] == fam), "err": err, "ratio": lo_hi, "fit": fit})
+    return rows
+
+
+def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory() as d:
+        if argv and argv[0] == "--lofo":
+            import lofo as L  # noqa: PLC0415
+
+            print(L.lofo_table(lofo(Path(d), Path(argv[1]) if len(argv) > 1 else None)))
+            return 0
         for c in cases():
             print(table(measure(c, Path(d))))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
