@@ -235,7 +235,7 @@ def lofo(workdir: Path, needs_file: Path | None = None) -> list[dict[str, Any]]:
         L.write_needs(needs_file, needs)
     rows = []
     for fam in sorted(set(fams.values())):
-        fit = L.fitted(needs, fams, fam)
+        fit, unfit = L.fitted(needs, fams, fam)
         err, lo_hi = dict.fromkeys(L.CATS, 0.0), None
         with L.thresholds(fit):
             for c in (c for c in data if fams[c] == fam):
@@ -246,7 +246,8 @@ def lofo(workdir: Path, needs_file: Path | None = None) -> list[dict[str, Any]]:
                 if truth.get("attention", 0.0) > ATTN_RATIO_FROM_PCT:
                     r = ours["attention"] / truth["attention"]
                     lo_hi = (min(r, lo_hi[0]), max(r, lo_hi[1])) if lo_hi else (r, r)
-        rows.append({"family": fam, "cases": sum(1 for c in data if fams[c] == fam), "err": err, "ratio": lo_hi, "fit": fit})
+        rows.append({"family": fam, "cases": sum(1 for c in data if fams[c] == fam), "err": err, "ratio": lo_hi, "fit": fit,
+                     "unfit": unfit})
     return rows
 
 

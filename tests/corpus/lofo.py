@@ -6,7 +6,8 @@ threshold's *need* is measured: the smallest value at which the case is categori
 value (bisection, all other thresholds shipped; 0 = the case does not use the rule). For each family F, every
 threshold is then set to the largest need among the *other* families' cases (what a corpus without F would have
 chosen), and F's cases are categorized again with those values and compared with their truth: the table of
-MoE GEMM / routing / attention error per family.
+MoE GEMM / routing / attention error per family. A threshold that no other family uses cannot be fit without F
+(the DSA indexer's, GLM-5 only): it stays as shipped and the row names it, so that row tests nothing about it.
 
 ``python tests/corpus/corpus_check.py --lofo`` prints the table (minutes: each case is finalized a few dozen
 times); ``--lofo-needs FILE`` also writes the measured needs.
@@ -33,7 +34,6 @@ from tracekit.ingest.common import finalize_rank  # noqa: E402
 THRESHOLDS: dict[str, list[int]] = {
     "MAX_GEMM_TO_PROBS": [0, 1, 2, 3],
     "MAX_PROBS_TO_TOPK": [0, 1, 2, 3, 4],
-    "MAX_GEMM_TO_TOPK": [0, 1, 2, 3],
     "MAX_ATTN_GAP": [0, 1, 2, 3, 4],
     "MAX_INDEXER_TO_ATTN": [0, 4, 8, 12, 16, 20, 24],
     "MAX_INDEXER_SPAN": [0, 4, 8, 12, 16],
@@ -86,20 +86,29 @@ def need(df: pl.DataFrame, shares_of: Callable[[pl.DataFrame], dict[str, float]]
     return grid[lo]
 
 
-def fitted(needs: dict[str, dict[str, int]], fams: dict[str, str], held_out: str) -> dict[str, int]:
-    """Each threshold at the largest need among the cases of the other families."""
-    return {t: max([n[t] for c, n in needs.items() if fams[c] != held_out] or [0]) for t in THRESHOLDS}
+def fitted(needs: dict[str, dict[str, int]], fams: dict[str, str], held_out: str) -> tuple[dict[str, int], list[str]]:
+    """Each threshold at the largest need among the cases of the other families; a threshold that only the held-out
+    family uses cannot be fit without it: it stays as shipped, and is listed (its row is no test of that rule)."""
+    fit, unfit = {}, []
+    for t in THRESHOLDS:
+        others = max([n[t] for c, n in needs.items() if fams[c] != held_out] or [0])
+        own = max([n[t] for c, n in needs.items() if fams[c] == held_out] or [0])
+        if others == 0 and own > 0:
+            fit[t], unfit = getattr(ms, t), unfit + [t]
+        else:
+            fit[t] = others
+    return fit, unfit
 
 
 def lofo_table(rows: list[dict[str, Any]]) -> str:
     """Markdown: family × (MoE GEMM / routing / attention) worst error over its cases, pp, with the fitted thresholds."""
-    out = ["| family | cases | MoE GEMM err | routing err | attention err | attention ours/truth | thresholds fit without it |",
-           "|---|---:|---:|---:|---:|---:|---|"]
+    out = ["| family | cases | MoE GEMM err | routing err | attention err | attention ours/truth | thresholds fit without it | only this family uses |",
+           "|---|---:|---:|---:|---:|---:|---|---|"]
     for r in rows:
         err = " | ".join(f"{r['err'][c]:.2f} pp" for c in CATS)
         ratio = "—" if r["ratio"] is None else f"{r['ratio'][0]:.2f}–{r['ratio'][1]:.2f}×"
         th = ", ".join(f"{k}={v}" for k, v in r["fit"].items() if v != getattr(ms, k))
-        out.append(f"| {r['family']} | {r['cases']} | {err} | {ratio} | {th or 'as shipped'} |")
+        out.append(f"| {r['family']} | {r['cases']} | {err} | {ratio} | {th or 'as shipped'} | {', '.join(r['unfit']) or '—'} |")
     return "\n".join(out)
 
 

@@ -134,3 +134,25 @@ def test_uncategorized_means_no_rule_matched() -> None:
     rs = default_rules()
     for name, cat, fam in KNOWN:
         assert (rs.classify(name)[1] == "other") == (fam == "other")
+
+
+def test_context_rules_for_one_range_apply_in_order() -> None:
+    """The innermost range some rule names decides; of the rules naming it, the first that holds applies
+    (tk.mod[experts ...]: GEMM -> moe_gemm, activation stays other_compute, the rest -> moe_routing)."""
+    import polars as pl
+
+    from tracekit.ingest.common import finalize_rank
+
+    names = ["nvjet_sm90_tst_64x8_64x16_2x4_h_bz_TNT", "void at::native::vectorized_elementwise_kernel<4, silu_kernel>",
+             "void at::native::indexFuncLargeIndex<float>", "void at::native::vectorized_elementwise_kernel<4, FillFunctor>"]
+    n = len(names)
+    rt = pl.DataFrame({"rank": [0] * n, "kind": ["runtime"] * n, "ts_ns": [110 + 10 * i for i in range(n)], "dur_ns": [2] * n,
+                       "tid": [1] * n, "name": ["cudaLaunchKernel"] * n, "correlation": list(range(1, n + 1))})
+    k = pl.DataFrame({"rank": [0] * n, "kind": ["kernel"] * n, "ts_ns": [500 + 10 * i for i in range(n)], "dur_ns": [5] * n,
+                      "tid": [7] * n, "name": names, "correlation": list(range(1, n + 1))})
+    rng = pl.DataFrame({"rank": [0, 0], "kind": ["range", "range"], "ts_ns": [100, 135], "dur_ns": [100, 10], "tid": [1, 1],
+                        "name": ["tk.mod[experts Qwen3MoeExperts]", "tk.mod[mlp SharedMLP]"]})
+    df = finalize_rank(pl.concat([rt, k, rng], how="diagonal_relaxed"))
+    got = df.filter(pl.col("kind") == "kernel").sort("ts_ns").select(pl.col("category").cast(pl.String), pl.col("family").cast(pl.String)).rows()
+    assert got == [("moe_gemm", "ctx.moe_experts"), ("other_compute", "ctx.moe_experts_activation"),
+                   ("moe_routing", "ctx.moe_experts_dispatch"), ("other_compute", "ctx.moe_shared_mlp_other")]

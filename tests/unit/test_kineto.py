@@ -303,3 +303,19 @@ def test_a_file_broken_mid_way_leaves_no_thread_or_mapping(tmp_path: Path, monke
     assert "\n" not in msg and p.name in msg and ("invalid JSON" in msg or "truncated" in msg), msg
     assert {t.ident for t in threading.enumerate() if t.is_alive()} <= before
     assert not _mapped(p)
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_module_ranges_of_a_stack_trace_are_kept(tmp_path: Path, exact: bool) -> None:
+    """with_stack/with_modules: ``nn.Module: <Class>_<n>`` python_function ranges are read as ranges (module
+    context, tracekit.ingest.modules); the other Python frames are not."""
+    evs = [
+        {"ph": "X", "cat": "python_function", "name": "nn.Module: Qwen3MoeExperts_0", "pid": 1, "tid": 3, "ts": 10, "dur": 20},
+        {"ph": "X", "cat": "python_function", "name": "torch/nn/functional.py(1600): linear", "pid": 1, "tid": 3, "ts": 11, "dur": 2},
+        cpu_op("aten::mm", 12, 1, tid=3, **{"External id": 7}),
+    ]
+    df, meta = read_kineto(write_doc(tmp_path / "s.json", doc(evs, rank=0)), exact=exact)
+    rng = _k(df, "range")
+    assert rng["name"].cast(pl.String).to_list() == ["nn.Module: Qwen3MoeExperts_0"]
+    assert rng["dur_ns"].to_list() == [20_000]
+    assert not meta.get("quality") or not any(q.get("code") == "unknown_event_kinds" for q in meta["quality"])

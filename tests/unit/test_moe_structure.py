@@ -86,3 +86,85 @@ def test_sampler_topk_is_left_alone() -> None:
     out = _cats(apply_moe_structure(_frame(ops)))
     assert out[0] == ("dense_gemm", "gemm.dense")
     assert not any(f == "attention.indexer" for _, f in out)
+
+
+# --- issue 25: launching ops (External id -> aten op), top-k-first routers, loops, sinks, unsure cases
+DTOH = ("Memcpy DtoH (Device -> Pinned)", "memory", "memory.copy")
+SIGMOID = ("void at::native::vectorized_elementwise_kernel<4, at::native::sigmoid_kernel_cuda>", "other_compute", "elementwise.activation")
+
+
+def _framed(ops: list[tuple[tuple[str, str, str], str | None]]) -> pl.DataFrame:
+    """GPU ops with the aten op that launched each (a cpu_op row sharing its External id), as a plain Kineto trace has."""
+    base = _frame([o for o, _ in ops])
+    kind = ["memcpy" if o[0].startswith("Memcpy") else "kernel" for o, _ in ops]
+    gpu = base.with_columns(pl.Series("kind", kind).cast(pl.Categorical), pl.Series("external_id", list(range(100, 100 + len(ops)))),
+                            pl.Series("memcpy_kind", ["DtoH" if k == "memcpy" else None for k in kind]).cast(pl.Categorical))
+    cpu = pl.DataFrame({"rank": [0] * len(ops), "kind": ["cpu_op"] * len(ops), "ts_ns": [1_000 * i + 50 for i in range(len(ops))],
+                        "dur_ns": [100] * len(ops), "name": [op or "aten::unknown" for _, op in ops],
+                        "external_id": list(range(100, 100 + len(ops)))}).with_columns(pl.col("kind", "name").cast(pl.Categorical))
+    keep = [i for i, (_, op) in enumerate(ops) if op is not None]
+    return pl.concat([gpu, cpu[keep]], how="diagonal_relaxed")
+
+
+def _gpu_cats(df: pl.DataFrame) -> list[tuple[str, str]]:
+    return _cats(df.filter(pl.col("kind").cast(pl.String) != "cpu_op"))
+
+
+def test_topk_first_router_and_an_eager_loop_with_bias_and_clamp() -> None:
+    # GPT-OSS eager: gate GEMM -> top-k -> softmax; per expert: host sync, gather, GEMM, bias add, clamp, sigmoid, GEMM, combine
+    it = [(DTOH, "aten::nonzero"), (ELEM, "aten::index"), (GEMM, "aten::mm"), (ELEM, "aten::add"), (ELEM, "aten::clamp"),
+          (SIGMOID, "aten::sigmoid"), (GEMM, "aten::mm"), (ELEM, "aten::mul"), (COMBINE, "aten::index_add_")]
+    ops = [(NORM, None), (GEMM, "aten::addmm"), (TOPK, "aten::topk"), (SOFTMAX, "aten::_softmax"), *it, *it, (NORM, None)]
+    out = _gpu_cats(apply_moe_structure(_framed(ops)))
+    assert out[1] == ("moe_routing", "moe_routing.gate") and out[2][0] == "moe_routing"
+    gemms = [i for i, (o, _) in enumerate(ops) if o is GEMM][1:]
+    assert all(out[i] == ("moe_gemm", "moe_gemm.structure") for i in gemms)
+    assert out[4 + 3] == ("moe_routing", "moe_routing.dispatch")  # the separate bias add
+    assert out[4 + 5] == ("other_compute", "elementwise.activation")  # the clamped SwiGLU's sigmoid
+    assert out[4] == ("memory", "memory.copy")
+
+
+def test_plain_gemm_in_a_block_that_does_not_loop_stays_dense() -> None:
+    # Llama 4: gate -> top-k -> sigmoid, experts as bmm over all experts, the shared expert's mm, then the combine (sum)
+    SUM = ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t<float, at::native::sum_functor>>>",
+           "other_compute", "elementwise.reduce")
+    ops = [(NORM, None), (GEMM, "aten::mm"), (TOPK, "aten::topk"), (SIGMOID, "aten::sigmoid"), (ELEM, "aten::mul"),
+           (GEMM, "aten::bmm"), (ELEM, "aten::silu"), (GEMM, "aten::bmm"), (GEMM, "aten::mm"), (GEMM, "aten::mm"), (SUM, "aten::sum"),
+           (NORM, None)]
+    out = _gpu_cats(apply_moe_structure(_framed(ops)))
+    assert out[5] == ("moe_gemm", "moe_gemm.structure") and out[7] == ("moe_gemm", "moe_gemm.structure")
+    assert out[8] == ("dense_gemm", "gemm.moe_block") and out[9] == ("dense_gemm", "gemm.moe_block")
+    # without launching ops (an nsys trace) the block's GEMMs are all expert GEMMs, as before
+    bare = _cats(apply_moe_structure(_frame([o for o, _ in ops])))
+    assert bare[8][0] == "moe_gemm"
+
+
+def test_shared_expert_right_before_the_gate_stays_dense() -> None:
+    # Qwen2-MoE: the shared expert's down projection, then the gate GEMM (another aten op) -> softmax -> top-k
+    ops = [(NORM, None), (GEMM, "aten::mm"), (GEMM, "aten::mm"), (SOFTMAX, "aten::_softmax"), (TOPK, "aten::topk"),
+           (ELEM, "aten::sort"), (GEMM, "aten::bmm"), (COMBINE, "aten::index_add_"), (NORM, None)]
+    out = _gpu_cats(apply_moe_structure(_framed(ops)))
+    assert out[1] == ("dense_gemm", "gemm.dense")
+    assert out[2] == ("moe_routing", "moe_routing.gate")
+
+
+def test_eager_attention_with_sinks_between_batched_matmuls() -> None:
+    # QK^T bmm, scale, mask, cat(sinks), max, sub, softmax, slice copy, PV bmm
+    ops = [(NORM, None), (GEMM, "aten::mm"), (GEMM, "aten::bmm"), *[(ELEM, "aten::mul")] * 5, (SOFTMAX, "aten::_softmax"),
+           (ELEM, "aten::copy_"), (GEMM, "aten::bmm"), (GEMM, "aten::mm"), (NORM, None)]
+    out = _gpu_cats(apply_moe_structure(_framed(ops)))
+    assert [out[i][0] for i in (2, 8, 10)] == ["attention"] * 3
+    assert out[1][0] == "dense_gemm" and out[11][0] == "dense_gemm"  # the projections
+    # the same order without launching ops: more than MAX_ATTN_GAP ops between, not claimed
+    bare = _cats(apply_moe_structure(_frame([o for o, _ in ops])))
+    assert not any(c == "attention" for c, _ in bare)
+
+
+def test_loop_without_a_router_is_flagged_not_claimed() -> None:
+    # per-expert loop shape (host sync, GEMMs, combine) but no gate -> top-k before it: dense, flagged for the MoE range
+    it = [(DTOH, "aten::nonzero"), (ELEM, "aten::index"), (GEMM, "aten::mm"), (GEMM, "aten::mm"), (COMBINE, "aten::index_add_")]
+    ops = [(NORM, None), *it, *it, *it, (NORM, None), (GEMM, "aten::mm")]
+    out = _gpu_cats(apply_moe_structure(_framed(ops)))
+    loop_gemms = [i for i, (o, _) in enumerate(ops[:-1]) if o is GEMM]
+    assert all(out[i] == ("dense_gemm", "gemm.moe_loop") for i in loop_gemms)
+    assert out[-1] == ("dense_gemm", "gemm.dense")

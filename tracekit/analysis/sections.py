@@ -24,7 +24,7 @@ __all__ = [
     "Node", "QualityItem", "WindowInfo", "RankBreakdown", "Overall", "TopKernel", "UncategorizedKernel",
     "Stall", "ClockAlignment", "CollectiveGroup", "CollectiveRank", "StallSummary", "StallThresholds", "Collectives",
     "IdleCauses", "IdleGap", "PciePhase", "PowerRank", "SpinWait", "SpinWaits", "Power",
-    "StepRow", "StepSummary", "Steps", "KernelEfficiency", "MoeShape", "MoeGemmRank", "MoeGemm",
+    "StepRow", "StepSummary", "Steps", "KernelEfficiency", "MoeShape", "MoeGemmRank", "MoeGemm", "MoeDetection",
     "ExpertLayer", "ExpertWorst", "ExpertLoad", "Interconnect", "Replayed", "NextWinBaseline", "NextWinRow",
     "Skipped", "NextWin", "Sections", "build", "schema_doc", "SCHEMA_VERSION", "ANALYSIS_FIELDS", "UNSET", "UnsetType",
 ]
@@ -339,6 +339,20 @@ class MoeGemm(Node, frozen=True, kw_only=True):
     bytes_are_bound: bool | UnsetType = UNSET
 
 
+class MoeDetection(Node, frozen=True, kw_only=True):
+    """How the MoE split was found (``tracekit.analysis.passes.moe_detection``): ``status`` ``detected`` / ``dense``
+    (no MoE, a model's layers seen: a measured 0 %) / ``not_detected`` (no MoE and nothing recognizable: unknown, not
+    0 %); ``sources``: % of GPU-op time made MoE by ``kernel_names``, ``launch_pattern``, ``module_context``;
+    ``ambiguous_pct``: GEMMs inside an MoE block (or a loop like one) the pattern cannot attribute, counted dense;
+    ``moe_gemm_range_pct``: MoE GEMM % with none and with all of them (None when there are none)."""
+
+    status: str
+    sources: dict[str, float]
+    moe_gemm_pct: float
+    ambiguous_pct: float
+    moe_gemm_range_pct: tuple[float, float] | None
+
+
 class ExpertLayer(Node, frozen=True, kw_only=True):
     rank: int
     layer: int
@@ -460,6 +474,7 @@ class Sections(Node, frozen=True, kw_only=True):
     kernel_efficiency: tuple[KernelEfficiency, ...] | UnsetType = UNSET
     moe_gemm: MoeGemm | UnsetType = UNSET
     expert_load: ExpertLoad | UnsetType = UNSET
+    moe_detection: MoeDetection | UnsetType = UNSET
     interconnect: tuple[Interconnect, ...] | UnsetType = UNSET
     findings: tuple[str, ...]
     next_win: NextWin | UnsetType = UNSET
@@ -469,7 +484,7 @@ class Sections(Node, frozen=True, kw_only=True):
 
 #: the sections an analysis of the registry fills, by JSON key (the others are the pipeline's own)
 ANALYSIS_FIELDS: tuple[str, ...] = ("stalls", "collectives", "idle_causes_ns", "idle_gaps", "pcie_phases", "power", "steps",
-                                    "kernel_efficiency", "moe_gemm", "expert_load", "interconnect")
+                                    "kernel_efficiency", "moe_gemm", "expert_load", "moe_detection", "interconnect")
 
 T = TypeVar("T")
 

@@ -11,7 +11,7 @@ model forward is a sequence):
   ``aten::topk`` launched), not preceded by another top-k since its gate GEMM, with its probabilities
   (``softmax``/``sigmoid``) on either side: *probabilities first* (gate GEMM, at most
   :data:`MAX_GEMM_TO_PROBS` ops, probabilities, at most :data:`MAX_PROBS_TO_TOPK` ops, top-k: Mixtral,
-  Qwen, OLMoE, DeepSeek, GLM) or *top-k first* (gate GEMM, at most :data:`MAX_GEMM_TO_TOPK` ops, top-k,
+  Qwen, OLMoE, DeepSeek, GLM) or *top-k first* (gate GEMM, at most :data:`MAX_GEMM_TO_PROBS` ops, top-k,
   then the probabilities over the chosen experts before any other GEMM: GPT-OSS, Granite, Llama 4). The gate GEMM is the one GEMM op before it (a split-K GEMM and its reduce, one aten
   op); a GEMM right before it that another op launched (a shared expert's down projection) stays dense.
   The DSA indexer's and a sampler's top-k have no GEMM -> probabilities -> top-k chain around them.
@@ -43,6 +43,9 @@ model forward is a sequence):
   softmax (masks, attention sinks concatenated and max-subtracted, a copy of the sliced probabilities): the
   nearest GEMMs and the absent top-k and norm bound it; when a launching op is unknown (an nsys trace, a
   graph replay), at most :data:`MAX_ATTN_GAP` ops on each side.
+* **unrouted loop** (saying when unsure): between two norms, outside every MoE block, a host sync and at least two
+  combines each fed by a GEMM: shaped like a per-expert loop, but no router precedes it. Its GEMMs stay dense_gemm
+  with family :data:`LOOP_DENSE_FAMILY`, and count in the MoE range of ``moe_detection``.
 * **sparse-attention indexer** (DeepSeek-V3.2 / GLM-5 DSA "lightning indexer", NSA-style top-k attention) =
   a top-k outside every MoE block whose next GEMM-or-attention op is an attention kernel (nothing but mask
   building between): the top-k picks the keys that attention reads. The GEMM chain just before the top-k
@@ -61,7 +64,7 @@ import polars as pl
 
 from tracekit._frames import NAME_CODE, attach_rows, distinct_names, row_index
 
-__all__ = ["BLOCK_DENSE_FAMILY", "COMBINE_REGEX", "NORM_ANCHOR_REGEX", "PROBS_REGEX", "TOPK_REGEX", "apply_moe_structure"]
+__all__ = ["BLOCK_DENSE_FAMILY", "LOOP_DENSE_FAMILY", "COMBINE_REGEX", "NORM_ANCHOR_REGEX", "PROBS_REGEX", "TOPK_REGEX", "apply_moe_structure"]
 
 TOPK_REGEX = r"(?i)topk|radixSelect"
 PROBS_REGEX = r"(?i)softmax|sigmoid"
@@ -80,10 +83,11 @@ BATCHED_GEMM_OPS = r"^aten::(bmm|baddbmm|_grouped_mm|grouped_mm|_scaled_grouped_
 FLAT_GEMM_OPS = r"^aten::(mm|addmm|linear|matmul|addmv|mv|_scaled_mm)$"
 #: a GEMM inside an MoE block that the launch pattern does not make an expert GEMM (category dense_gemm)
 BLOCK_DENSE_FAMILY = "gemm.moe_block"
+#: a GEMM of a loop shaped like a per-expert loop that no router precedes (category dense_gemm)
+LOOP_DENSE_FAMILY = "gemm.moe_loop"
 MAX_PROBS_TO_TOPK = 4
+#: the gate GEMM to the first op that reads its logits: the probabilities, or the top-k of a top-k-first router
 MAX_GEMM_TO_PROBS = 3
-#: top-k-first routers: gate GEMM -> top-k (then the probabilities over the chosen experts, before the next GEMM)
-MAX_GEMM_TO_TOPK = 3
 #: eager attention when a GEMM's launching op is unknown (between two batched matmuls no count applies)
 MAX_ATTN_GAP = 4
 #: a sparse-attention indexer: its top-k at most this many ops before the attention it feeds (mask building between)
@@ -193,7 +197,7 @@ def _routers(ops: pl.DataFrame) -> pl.DataFrame:
         & pl.col("_pg").is_not_null() & (pl.col("_p_prev") - pl.col("_pg") <= MAX_GEMM_TO_PROBS)
     )
     topk_first = (
-        pl.col("_g_prev").is_not_null() & (_POS - pl.col("_g_prev") <= MAX_GEMM_TO_TOPK)
+        pl.col("_g_prev").is_not_null() & (_POS - pl.col("_g_prev") <= MAX_GEMM_TO_PROBS)
         & (k_prev.is_null() | (k_prev < pl.col("_g_prev")))
         & pl.col("_p_next").is_not_null()
         & (pl.col("_g_next").is_null() | (pl.col("_g_next") > pl.col("_p_next")))
@@ -258,6 +262,30 @@ def _block_updates(ops: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
     return inb.select("_row", cat.alias("_c"), fam.alias("_f")).filter(pl.col("_c").is_not_null())
 
 
+def _outside(ops: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
+    """The ops outside every MoE block."""
+    if blocks.height == 0:
+        return ops
+    j = ops.sort("_pos").join_asof(blocks.select("_start", "_end").sort("_start"), left_on="_pos", right_on="_start", strategy="backward")
+    return j.filter(pl.col("_end").is_null() | (_POS > pl.col("_end"))).drop(["_start", "_end"])
+
+
+def _unrouted_loops(ops: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
+    """``_row`` of the dense GEMMs of loops shaped like a per-expert loop (between two norms: a host sync and at least
+    two combines each fed by a GEMM) that no router precedes: left dense, family :data:`LOOP_DENSE_FAMILY`."""
+    o = _outside(ops, blocks).with_columns(pl.col("_norm").cum_sum().alias("_seg"))
+    fed = pl.col("_combine") & pl.col("_g_prev").is_not_null() & (pl.col("_g_prev") > last_before("_combine").fill_null(-1)) & (
+        pl.col("_g_prev") > pl.col("_n_prev").fill_null(-1))
+    o = o.with_columns(fed.alias("_fed"))
+    segs = o.group_by("_seg").agg(pl.col("_fed").sum().alias("_nf"), pl.col("_sync").any().alias("_s"),
+                                  _POS.filter(pl.col("_fed")).max().alias("_last")).filter((pl.col("_nf") >= 2) & pl.col("_s"))
+    if segs.height == 0:
+        return pl.DataFrame(schema={"_row": pl.UInt32})
+    hit = o.join(segs, on="_seg", how="inner").filter(
+        pl.col("_gemm") & pl.col("_byname") & (pl.col("_cat") == "dense_gemm") & (_POS < pl.col("_last")))
+    return hit.select("_row")
+
+
 def _eager_attention(ops: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
     """Positions ``_pos`` of eager attention's QK^T GEMM, softmax and PV GEMM outside the MoE blocks."""
     batched = ops.select(_POS.alias("_g"), pl.col("_batched").alias("_b"))
@@ -298,6 +326,9 @@ def apply_moe_structure(df: pl.DataFrame) -> pl.DataFrame:
     idx = _indexer_gemms(ops, blocks, hit.select("_pos"))
     if idx.height:
         upd.append(idx.select("_row", pl.lit("attention").alias("_c"), pl.lit("attention.indexer").alias("_f")))
+    loops = _unrouted_loops(ops, blocks)
+    if loops.height:
+        upd.append(loops.select("_row", pl.lit("dense_gemm").alias("_c"), pl.lit(LOOP_DENSE_FAMILY).alias("_f")))
     if not upd:
         return df
     u = pl.concat(upd, how="vertical_relaxed").unique("_row", keep="first")

@@ -60,6 +60,13 @@ def render_analysis(res: dict[str, Any], out: TextIO | None = None, *, width: in
         styles.append("bold")
     for t in fit_tables(title, cols, rows, w_con, row_styles=styles):
         con.print(t)
+    moe = res.get("moe_detection") or {}
+    if moe.get("status") == "not_detected":
+        con.print("MoE split: not detected (no MoE structure recognized: its 0% above is no measurement; see Data quality)")
+    elif moe.get("moe_gemm_range_pct"):
+        lo, hi = moe["moe_gemm_range_pct"]
+        con.print(f"MoE GEMM: {lo:.1f}-{hi:.1f}% of GPU-op time ({moe['ambiguous_pct']:.1f}% are GEMMs the launch pattern "
+                  "cannot attribute, counted dense above; see Data quality)")
     win = res.get("window") or {}
     if win.get("trimmed_transient_ns"):
         con.print(f"window: trimmed the first {fmt_ns(win['trimmed_transient_ns'])} (profiler-start transient)")
