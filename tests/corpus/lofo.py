@@ -37,6 +37,7 @@ THRESHOLDS: dict[str, list[int]] = {
     "MAX_ATTN_GAP": [0, 1, 2, 3, 4],
     "MAX_INDEXER_TO_ATTN": [0, 4, 8, 12, 16, 20, 24],
     "MAX_INDEXER_SPAN": [0, 4, 8, 12, 16],
+    "MAX_INDEXER_GAP": [0, 1, 2, 3, 4],
 }
 CATS = ("moe_gemm", "moe_routing", "attention")
 

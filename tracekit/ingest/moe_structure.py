@@ -94,6 +94,8 @@ MAX_ATTN_GAP = 4
 MAX_INDEXER_TO_ATTN = 24
 #: ... and its key-scoring GEMMs within this many ops before the top-k
 MAX_INDEXER_SPAN = 16
+#: ... at most this many ops apart in their chain (and the last one at most this + 1 before the top-k)
+MAX_INDEXER_GAP = 4
 
 GPU_KINDS = ["kernel", "memcpy", "memset"]
 _GEMM_CATS = ["dense_gemm"]
@@ -344,8 +346,8 @@ def _indexer_gemms(ops: pl.DataFrame, blocks: pl.DataFrame, eager_pos: pl.DataFr
 
     A top-k outside every MoE block whose next GEMM-or-attention op is an attention op (a named attention
     kernel, or eager attention found above) at most :data:`MAX_INDEXER_TO_ATTN` ops later selects keys
-    for that attention. The GEMM chain ending at most ``MAX_ATTN_GAP + 1`` ops before it (consecutive
-    GEMMs at most ``MAX_ATTN_GAP`` ops apart, within :data:`MAX_INDEXER_SPAN` ops of the top-k) scored
+    for that attention. The GEMM chain ending at most ``MAX_INDEXER_GAP + 1`` ops before it (consecutive
+    GEMMs at most :data:`MAX_INDEXER_GAP` ops apart, within :data:`MAX_INDEXER_SPAN` ops of the top-k) scored
     the keys: attention, not dense GEMMs.
     """
     empty = pl.DataFrame(schema={"_row": pl.UInt32})
@@ -358,16 +360,16 @@ def _indexer_gemms(ops: pl.DataFrame, blocks: pl.DataFrame, eager_pos: pl.DataFr
     cand = o.filter(
         pl.col("_topk") & pl.col("_a_next").is_not_null() & (pl.col("_a_next") - _POS <= MAX_INDEXER_TO_ATTN)
         & (pl.col("_gx_next").is_null() | (pl.col("_gx_next") > pl.col("_a_next")))
-        & pl.col("_gx_prev").is_not_null() & (_POS - pl.col("_gx_prev") <= MAX_ATTN_GAP + 1)
+        & pl.col("_gx_prev").is_not_null() & (_POS - pl.col("_gx_prev") <= MAX_INDEXER_GAP + 1)
     ).select(_POS.alias("_k"), pl.col("_gx_prev").alias("_g1"))
     if cand.height and blocks.height:  # a router's or dispatch's top-k is not an indexer's
         cand = cand.sort("_k").join_asof(blocks.select("_start", "_end").sort("_start"), left_on="_k", right_on="_start",
                                          strategy="backward").filter(pl.col("_end").is_null() | (pl.col("_k") > pl.col("_end")))
     if cand.height == 0:
         return empty
-    # GEMM chains: a new chain where the gap to the previous (non-attention) GEMM exceeds MAX_ATTN_GAP ops
+    # GEMM chains: a new chain where the gap to the previous (non-attention) GEMM exceeds MAX_INDEXER_GAP ops
     g = o.filter(pl.col("_gx")).select("_pos", "_row", "_cat", "_byname").with_columns(
-        ((_POS - _POS.shift(1)).fill_null(MAX_INDEXER_SPAN + 1) > MAX_ATTN_GAP + 1).cum_sum().alias("_chain"))
+        ((_POS - _POS.shift(1)).fill_null(MAX_INDEXER_SPAN + 1) > MAX_INDEXER_GAP + 1).cum_sum().alias("_chain"))
     chain_of = g.select(_POS.alias("_g1"), "_chain")
     cand = cand.join(chain_of, on="_g1", how="inner").select("_k", "_chain")
     hit = g.join(cand, on="_chain", how="inner").filter((_POS < pl.col("_k")) & (pl.col("_k") - _POS <= MAX_INDEXER_SPAN))

@@ -9,7 +9,7 @@ trace). ``status``:
 * ``dense``: no MoE anywhere, and the trace shows the layers of a model (norm kernels, and attention or GEMMs): a
   measured 0 %;
 * ``not_detected``: no MoE, and nothing recognizable either (an unknown engine's fused kernels): the MoE split is
-  unknown, not 0 % (a quality warning ``moe_not_detected`` says so).
+  unknown, not 0 % (a quality note ``moe_not_detected`` says so).
 
 ``ambiguous_pct``: GEMMs the launch pattern could not attribute — a plain GEMM inside an MoE block that does not loop
 over experts (a shared expert, or an expert GEMM the pattern cannot tell from one: family ``gemm.moe_block``), or GEMMs
@@ -86,7 +86,8 @@ def moe_detection_finish(parts: list[DetectionPart], ctx: FinishContext) -> Fini
     if status == "not_detected":
         ctx.quality.add("moe_not_detected", "no MoE structure recognized (no MoE kernel names, no router -> experts -> combine "
                         "launch pattern, no module context) and no layer structure either: the MoE split is not detected, "
-                        "not 0 %; run with --module-context or a with_stack trace, or name the kernels with --rules")
+                        "not 0 %; run with --module-context or a with_stack trace, or name the kernels with --rules",
+                        severity="info")
     elif _pct(amb, tot) >= AMBIGUOUS_NOTE_PCT:
         ctx.quality.add("moe_ambiguous", f"{_pct(amb, tot):.1f}% of GPU-op time are GEMMs inside an MoE block (or a loop shaped "
                         "like one) that the launch pattern cannot attribute to experts (a shared expert, or experts it cannot "
