@@ -251,8 +251,24 @@ def lofo(workdir: Path, needs_file: Path | None = None) -> list[dict[str, Any]]:
     return rows
 
 
+def markdown(ms: list[dict[str, Any]]) -> str:
+    """One row per case: ours / truth per category (% of GPU-op time), the largest difference, steps, decode step."""
+    cats = ("moe_gemm", "moe_routing", "attention", "dense_gemm", "other_compute", "memory")
+    out = ["| trace | MoE GEMM | routing | attention | dense GEMM | other | memory | max abs diff | steps | decode p50: ours / program |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for m in ms:
+        cells = " | ".join(f"{m['ours'][c]:.1f} / {m['truth'].get(c, 0.0):.1f}" for c in cats)
+        worst = max(abs(m["ours"][c] - m["truth"].get(c, 0.0)) for c in CATEGORIES)
+        dec = f"{m['decode_ms']:.1f} / {m['program_decode_ms']:.1f} ms" if m["program_decode_ms"] is not None else "—"
+        out.append(f"| `{m['case']}` | {cells} | {worst:.2f} pp | {m['steps_found']} / {m['steps_truth']} | {dec} |")
+    return "\n".join(out)
+
+
 def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory() as d:
+        if argv and argv[0] == "--markdown":
+            print(markdown([measure(c, Path(d)) for c in cases() if trace_path(load(c)).exists()]))
+            return 0
         if argv and argv[0] == "--lofo":
             import lofo as L  # noqa: PLC0415
 
