@@ -87,6 +87,10 @@ _SKIP = {
 MODULE_PREFIX = "nn.Module: "
 
 
+#: a chunk holding a module range (its name as JSON text); the native scanner skips ``python_function`` events
+_MODULE_TEXT = re.compile(re.escape(f'"{MODULE_PREFIX}').encode())
+
+
 def _is_module(e: Any) -> bool:
     return e.cat == "python_function" and isinstance(e.name, str) and e.name.startswith(MODULE_PREFIX)
 
@@ -940,9 +944,11 @@ def _float_us_to_ns(col: str) -> pl.Expr:
 def _fast_stage(chunk: bytes | bytearray | memoryview, unknown: dict[str, int], bare: bool = False) -> pl.DataFrame | None:
     """Columnar decode of one chunk (``bare``: without its brackets); None -> use the exact path.
 
-    The native scanner (:mod:`tracekit.ingest.kscan`) when it could be built, else Arrow's JSON reader.
+    The native scanner (:mod:`tracekit.ingest.kscan`) when it could be built and the chunk holds no module range
+    (``nn.Module: ...`` of a stack trace), else Arrow's JSON reader.
     """
-    if kscan.available():
+    # the scanner classifies by category only: a chunk with module ranges goes through Arrow, which keeps them
+    if kscan.available() and _MODULE_TEXT.search(chunk) is None:
         return kscan.scan_stage(chunk, _TABLES, _STAGE_SCHEMA, unknown, _PH_KEY, bare=bare)
     return _arrow_stage(bracketed(chunk) if bare else (chunk if isinstance(chunk, bytearray) else bytearray(chunk)), unknown)
 
