@@ -16,7 +16,7 @@ from tracekit.analysis.stage.pipeline import ANALYSIS_VERSION, FrameSource, Rank
 from tracekit.analysis.result import AnalysisResult
 from tracekit.ingest.convert import ConvertResult, convert
 from tracekit._errors import InputError, RankError
-from tracekit.schema import open_trace, trace_ranks
+from tracekit.schema import as_trace_meta, open_trace, trace_ranks
 
 __all__ = ["analyze", "analyze_frame", "analyze_result", "analyze_kept", "analyze_frame_result", "AnalysisResult", "convert", "ConvertResult",
            "ANALYSIS_VERSION"]
@@ -151,6 +151,6 @@ def analyze_frame_result(
 ) -> AnalysisResult:
     """:func:`analyze_frame` as the typed :class:`~tracekit.analysis.result.AnalysisResult` (``next_win=False``: without
     the replayed next-win section)."""
-    return run_analysis(FrameSource(df), meta, window=window, skip_steps=skip_steps, trim_transient=trim_transient, top=top,
+    return run_analysis(FrameSource(df), as_trace_meta(meta), window=window, skip_steps=skip_steps, trim_transient=trim_transient, top=top,
                         cross_rank=cross_rank, after=(next_win_stage,) if next_win else ())
 

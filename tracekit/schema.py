@@ -39,7 +39,7 @@ from tracekit.trace_check import check_data, check_footer, first_line  # first_l
 from tracekit._inputs import guard_inputs, is_input, note_input, note_output, published_outputs
 
 __all__ = [
-    "TraceMeta", "RankMeta", "CaptureMeta",
+    "TraceMeta", "RankMeta", "CaptureMeta", "as_trace_meta",
     "SCHEMA_VERSION",
     "ARROW_SCHEMA",
     "POLARS_SCHEMA",
@@ -235,6 +235,16 @@ class RankMeta(TypedDict, total=False):
     nccl_version: str | None
     session_start_ns: int
     base_time_ns: int
+    source_file: str
+    link_gen: int  # PCIe generation of the GPU's link
+    link_width: int  # PCIe lanes
+    link_bw_bytes_per_s: float  # measured or NVML-derived link bandwidth (else derived from gen x width)
+    power_limit_w: float
+    nvlink: bool  # the GPU has NVLink
+    # read when a footer provides them (tracekit's converters do not write them): they override the GPU table
+    nvlink_bytes_per_s: float
+    nvlink_bw_bytes_per_s: float
+    nvlink_active: bool
 
 
 class CaptureMeta(TypedDict, total=False):
@@ -244,6 +254,10 @@ class CaptureMeta(TypedDict, total=False):
     window_ns: list[int]
     workload: dict[str, Any]
     host_cpus: int
+    duration_s: float
+    target: str  # the program or server captured
+    mode: str  # "builtin" | "program" | "sglang"
+    ground_truth: dict[str, Any]
 
 
 class TraceMeta(TypedDict, total=False):
@@ -267,6 +281,18 @@ class TraceMeta(TypedDict, total=False):
     steps_from: str
     serve: dict[str, Any]
     telemetry: dict[str, Any]
+    clock_residual_ns: float
+    failed_ranks: list[dict[str, Any]]  # ranks a --keep-going convert could not write: {rank, message}
+    sglang_server_info: dict[str, Any]
+    version_history: list[int]
+    device_name: str  # one GPU name for the whole job: read only when ``ranks`` names none (other tools' footers)
+
+
+def as_trace_meta(meta: Mapping[str, Any] | None) -> TraceMeta:
+    """A caller's metadata mapping (the library's in-memory entry points) as :class:`TraceMeta`: a shallow copy.
+
+    Its values are not checked here; a file's footer is, by :func:`read_metadata`."""
+    return cast(TraceMeta, dict(meta or {}))
 
 
 def _base_metadata() -> dict[str, Any]:
@@ -581,7 +607,7 @@ def rank_where(path: str | os.PathLike[str], rank: int) -> str:
     return str(path)
 
 
-def _scan_dataset(p: Path, meta: Mapping[str, Any], ranks: Iterable[int] | None = None) -> tuple[pl.LazyFrame, list[Path]]:
+def _scan_dataset(p: Path, meta: TraceMeta, ranks: Iterable[int] | None = None) -> tuple[pl.LazyFrame, list[Path]]:
     """A lazy scan of every partition (of ``ranks`` only, when given), rank from the directory names; every rank
     the metadata lists has its partition (a rank that failed at convert time under ``--keep-going`` is listed in
     ``failed_ranks`` instead: a lost one is a :class:`RankError`); also the partition files (their footers'

@@ -10,13 +10,14 @@ registry's contexts (:mod:`tracekit.analysis.registry`) can name them without im
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import polars as pl
 
 from tracekit._errors import QualityLog
 from tracekit.core.align import AlignResult
 from tracekit.core.collectives import split_communication
+from tracekit.schema import TraceMeta
 
 __all__ = ["CrossRankPlan", "StallPlan"]
 
@@ -49,7 +50,7 @@ class CrossRankPlan:
     kernel has a duration).
     """
 
-    meta: Mapping[str, Any]
+    meta: TraceMeta
     quality: QualityLog
     max_items: int
     lo: int | None

@@ -30,7 +30,7 @@ import polars as pl
 from tracekit._errors import QualityLog, UsageError
 from tracekit.analysis.findings import Finding
 from tracekit.analysis.plan import CrossRankPlan
-from tracekit.schema import COLUMN_NAMES
+from tracekit.schema import TraceMeta, COLUMN_NAMES
 
 __all__ = ["Analysis", "ColumnUse", "RESERVED_SECTIONS", "PartContext", "FinishContext", "FindingsContext", "Finished", "register", "unregister",
            "declare_columns", "analyses", "get", "declared_columns", "findings_order", "resolve_options", "keyword_defaults", "records",
@@ -47,7 +47,7 @@ class _Context:
     plan: CrossRankPlan
 
     @property
-    def meta(self) -> Mapping[str, Any]:
+    def meta(self) -> TraceMeta:
         """The trace's run metadata."""
         return self.plan.meta
 

@@ -198,8 +198,9 @@ def summarize_result(res: AnalysisResult, *, label: str = "run", counters: pl.Da
 def summarize_run(df: pl.DataFrame, meta: Mapping[str, Any] | None = None, *, label: str = "run") -> RunSummary:
     """Analyze one finalized trace frame (all ranks) and reduce it to a :class:`RunSummary`."""
     from tracekit.analysis.stage.pipeline import FrameSource, run_analysis
+    from tracekit.schema import as_trace_meta
 
-    res = run_analysis(FrameSource(df), dict(meta or {}))  # a summary reads no advice: no next-win replay
+    res = run_analysis(FrameSource(df), as_trace_meta(meta))  # a summary reads no advice: no next-win replay
     return summarize_result(res, label=label, counters=df.filter(pl.col("kind").cast(pl.String) == "counter"))
 
 

@@ -21,6 +21,7 @@ import polars as pl
 from tracekit._errors import Quality, QualityLog
 from tracekit.core.collectives import match_collectives
 from tracekit.core._num import as_int
+from tracekit.schema import TraceMeta
 
 __all__ = ["AlignResult", "align_clocks", "solve_clock_offsets", "apply_offsets", "RESIDUAL_WARN_NS"]
 
@@ -71,7 +72,7 @@ def _spread(ends: pl.DataFrame, off: dict[int, float], q: float) -> float | None
 
 def align_clocks(
     df: pl.DataFrame,
-    meta: Mapping[str, Any] | None = None,
+    meta: TraceMeta | None = None,
     *,
     instances: pl.DataFrame | None = None,
     min_instances: int = 3,
@@ -98,7 +99,7 @@ def align_clocks(
 def solve_clock_offsets(
     ranks: list[int],
     instances: pl.DataFrame | None,
-    meta: Mapping[str, Any] | None = None,
+    meta: TraceMeta | None = None,
     *,
     min_instances: int = 3,
     iterations: int = 5,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Mapping
+from tracekit.schema import TraceMeta
 
 __all__ = ["GpuPeaks", "GPU_TABLE", "gpu_peaks", "pcie_link_bw_bytes_per_s", "rank_gpu_info", "peak_flops_per_s"]
 
@@ -96,7 +97,7 @@ def pcie_link_bw_bytes_per_s(gen: int | None, width: int | None = 16) -> float |
     return gts * 1e9 * int(width or 16) * enc / 8
 
 
-def rank_gpu_info(meta: Mapping[str, Any] | None, rank: int) -> dict[str, Any]:
+def rank_gpu_info(meta: TraceMeta | None, rank: int) -> dict[str, Any]:
     """Merge of the trace metadata for ``rank`` and the GPU table.
 
     Keys: ``device_name``, ``peaks`` (GpuPeaks|None), ``power_limit_w``,

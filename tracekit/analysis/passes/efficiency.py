@@ -32,6 +32,7 @@ from tracekit.analysis.registry import Analysis, FindingsContext, FinishContext,
 from tracekit.core.window import cpu_device_expr, cpu_mode_ranks
 from tracekit.dtypes import dtype_bytes
 from tracekit.core.gpus import GpuPeaks, gpu_peaks, peak_flops_per_s, rank_gpu_info
+from tracekit.schema import TraceMeta
 
 __all__ = ["kernel_efficiency", "efficiency_finish", "gemm_flops_bytes", "GEMM_OPS", "moe_gemm_part", "moe_gemm_finish",
            "moe_gemm_findings", "workload_moe_shape"]
@@ -92,7 +93,7 @@ def gemm_flops_bytes(op: str, dims_json: str | None, types_json: str | None) -> 
     return float(flops), float(elems * es), dtype
 
 
-def _peaks_for(meta: Mapping[str, Any] | None, rank: int, gpu_name: str | None) -> GpuPeaks | None:
+def _peaks_for(meta: TraceMeta | None, rank: int, gpu_name: str | None) -> GpuPeaks | None:
     if gpu_name:
         return gpu_peaks(gpu_name)
     p: GpuPeaks | None = rank_gpu_info(meta, rank)["peaks"]
@@ -103,7 +104,7 @@ def _peaks_for(meta: Mapping[str, Any] | None, rank: int, gpu_name: str | None) 
 
 def kernel_efficiency(
     df: pl.DataFrame,
-    meta: Mapping[str, Any] | None = None,
+    meta: TraceMeta | None = None,
     *,
     gpu_name: str | None = None,
     flag_below: float = 0.3,
@@ -186,7 +187,7 @@ def _achieved(j: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _ceilings(agg: pl.DataFrame, meta: Mapping[str, Any] | None, gpu_name: str | None) -> pl.DataFrame:
+def _ceilings(agg: pl.DataFrame, meta: TraceMeta | None, gpu_name: str | None) -> pl.DataFrame:
     """The device peaks per (rank, dtype): a tiny table."""
     ceil_rows = []
     for r, dt in agg.select("rank", "dtype").unique().iter_rows():
@@ -241,7 +242,7 @@ LOOP_LAUNCHES_PER_LAYER = 16
 _TILE_RE = r"_(\d+x\d+)_"
 
 
-def workload_moe_shape(meta: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def workload_moe_shape(meta: TraceMeta | None) -> dict[str, Any] | None:
     """The routed-expert GEMM shape the workload declared (capture metadata ``capture.workload.model``):
     ``hidden, inter`` (per rank: the intermediate is split over the tensor-parallel ranks), ``experts, top_k,
     layers, dtype``. None when the capture does not say (then recorded shapes are needed)."""
@@ -261,7 +262,7 @@ def workload_moe_shape(meta: Mapping[str, Any] | None) -> dict[str, Any] | None:
             "dtype": str(model.get("dtype") or "bfloat16"), "impl": model.get("moe_impl")}
 
 
-def moe_gemm_part(df: pl.DataFrame, meta: Mapping[str, Any] | None) -> pl.DataFrame:
+def moe_gemm_part(df: pl.DataFrame, meta: TraceMeta | None) -> pl.DataFrame:
     """Per (rank, step): MoE GEMM kernel time and launches, the step's tokens, and the kernel with most time.
     Only steps with a token count; empty without MoE GEMM kernels."""
     kind = pl.col("kind").cast(pl.String)
@@ -279,7 +280,7 @@ def moe_gemm_part(df: pl.DataFrame, meta: Mapping[str, Any] | None) -> pl.DataFr
     return per.join(st, on=["rank", "step_id"], how="inner").join(top, on="rank", how="left")
 
 
-def moe_gemm_finish(parts: list[pl.DataFrame], meta: Mapping[str, Any] | None) -> dict[str, Any]:
+def moe_gemm_finish(parts: list[pl.DataFrame], meta: TraceMeta | None) -> dict[str, Any]:
     """The MoE GEMM verdict (docs/metrics.md §8b): per rank, achieved TFLOP/s from the workload's GEMM shape and
     the steps' tokens, % of the device's dense peak, weight traffic (a bound: which experts received tokens is
     not recorded, so at most min(experts, tokens × top_k) experts' weights were read — never shown above the

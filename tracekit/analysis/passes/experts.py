@@ -25,6 +25,7 @@ from tracekit.core import intervals as iv
 from tracekit.analysis.passes.efficiency import GEMM_OPS
 from tracekit.analysis.findings import Finding
 from tracekit.analysis.registry import Analysis, FindingsContext, FinishContext, Finished, register
+from tracekit.schema import TraceMeta
 
 __all__ = ["expert_load_part", "expert_load_finish", "expert_load_finding"]
 
@@ -99,7 +100,7 @@ def _infer_top_k(t: pl.DataFrame, tot: pl.DataFrame) -> int | None:
     return best[1] if best else None
 
 
-def expert_load_finish(parts: list[pl.DataFrame], meta: Mapping[str, Any] | None) -> dict[str, Any]:
+def expert_load_finish(parts: list[pl.DataFrame], meta: TraceMeta | None) -> dict[str, Any]:
     """The ``expert_load`` section (module doc)."""
     have = [p for p in parts if p.height and "m" in p.columns]
     if not have:

@@ -29,6 +29,7 @@ import polars as pl
 from tracekit.analysis.findings import Finding
 from tracekit.core.gpus import GpuPeaks, gpu_peaks, rank_gpu_info
 from tracekit.analysis.registry import Analysis, FinishContext, Finished, register
+from tracekit.schema import TraceMeta
 
 __all__ = ["interconnect_verdict", "path_models", "ALPHA_NS"]
 
@@ -42,7 +43,7 @@ def _busbw(size_bytes: float, b: float, alpha_ns: float) -> float:
     return size_bytes / (alpha_ns * 1e-9 + size_bytes / b)
 
 
-def _device(meta: Mapping[str, Any] | None) -> tuple[float, float, str | None]:
+def _device(meta: TraceMeta | None) -> tuple[float, float, str | None]:
     """(NVLink B, PCIe link B, device) of rank 0: the capture's metadata (topology/telemetry) first, then the GPU table."""
     ranks = [r for r in ((meta or {}).get("ranks") or []) if isinstance(r, Mapping)]
     r0 = ranks[0] if ranks else {}
@@ -60,7 +61,7 @@ def _device(meta: Mapping[str, Any] | None) -> tuple[float, float, str | None]:
     return nv, link, str(name) if name else None
 
 
-def path_models(size_bytes: float, meta: Mapping[str, Any] | None) -> dict[str, float]:
+def path_models(size_bytes: float, meta: TraceMeta | None) -> dict[str, float]:
     """Bus bandwidth (bytes/s) each available path allows at ``size_bytes`` (bus bytes)."""
     nv, link, _ = _device(meta)
     out: dict[str, float] = {}
@@ -80,7 +81,7 @@ def _kb(x: float) -> str:
     return f"{x / 1e3:.0f} KB" if x < 1e6 else f"{x / 1e6:.1f} MB"
 
 
-def interconnect_verdict(groups: list[Mapping[str, Any]], meta: Mapping[str, Any] | None, *, window_ns: int,
+def interconnect_verdict(groups: list[Mapping[str, Any]], meta: TraceMeta | None, *, window_ns: int,
                          steps: int, ranks: int) -> tuple[list[dict[str, Any]], list[tuple[str, float, str]]]:
     """Per collective group: measured vs modelled bus bandwidth, likely path, savings; and (subject, weight ns,
     sentence) findings. ``window_ns``: Σ over ranks of the analysed window; ``steps``: profiled steps in it."""

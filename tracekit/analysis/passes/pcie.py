@@ -20,7 +20,7 @@ source, during (the kernels/copies that overlapped it most, by overlapped time).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import polars as pl
 
@@ -30,6 +30,7 @@ from tracekit.analysis.findings import pcie_candidates
 from tracekit.analysis.passes.gaps import gpu_ops
 from tracekit.core.gpus import rank_gpu_info
 from tracekit.analysis.registry import Analysis, FinishContext, Finished, PartContext, keyword_defaults, records, register
+from tracekit.schema import TraceMeta
 
 __all__ = ["pcie_phases", "pcie_part", "pcie_finish", "PciePart", "PHASE_COLUMNS"]
 
@@ -41,7 +42,7 @@ PHASE_COLUMNS: dict[Any, Any] = {
 _DIR = {"HtoD": "rx", "DtoH": "tx", "PtoP": "p2p"}
 
 
-def _link_table(df: pl.DataFrame, meta: Mapping[str, Any] | None) -> pl.DataFrame:
+def _link_table(df: pl.DataFrame, meta: TraceMeta | None) -> pl.DataFrame:
     ranks = sorted(int(r) for r in df.get_column("rank").unique().to_list())
     info = [rank_gpu_info(meta, r) for r in ranks]
     return pl.DataFrame(
@@ -153,7 +154,7 @@ class PciePart:
 
 def pcie_part(
     df: pl.DataFrame,
-    meta: Mapping[str, Any] | None = None,
+    meta: TraceMeta | None = None,
     *,
     instances: pl.DataFrame | None = None,
     threshold: float = 0.8,
@@ -182,7 +183,7 @@ def pcie_finish(parts: list[PciePart]) -> pl.DataFrame:
 
 def pcie_phases(
     df: pl.DataFrame,
-    meta: Mapping[str, Any] | None = None,
+    meta: TraceMeta | None = None,
     *,
     instances: pl.DataFrame | None = None,
     threshold: float = 0.8,

@@ -29,6 +29,7 @@ from tracekit.analysis.findings import power_candidates
 from tracekit.analysis.passes.gaps import gpu_ops
 from tracekit.core.gpus import rank_gpu_info
 from tracekit.analysis.registry import Analysis, FinishContext, Finished, PartContext, keyword_defaults, register
+from tracekit.schema import TraceMeta
 
 __all__ = ["PowerResult", "power_verdicts", "power_part", "power_finish"]
 
@@ -65,7 +66,7 @@ def _samples(df: pl.DataFrame, name: str) -> pl.DataFrame:
 
 def power_part(
     df: pl.DataFrame,
-    meta: Mapping[str, Any] | None = None,
+    meta: TraceMeta | None = None,
     *,
     low_power_frac: float = 0.35,
     high_power_frac: float = 0.9,
@@ -182,7 +183,7 @@ def power_finish(parts: list[PowerResult], *, low_power_frac: float = 0.35, spin
 
 def power_verdicts(
     df: pl.DataFrame,
-    meta: Mapping[str, Any] | None = None,
+    meta: TraceMeta | None = None,
     *,
     low_power_frac: float = 0.35,
     high_power_frac: float = 0.9,

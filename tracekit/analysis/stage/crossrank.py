@@ -35,6 +35,7 @@ from tracekit.analysis.plan import CrossRankPlan
 from tracekit.analysis.passes.steps import comm_wait_by_step
 from tracekit.analysis.result import INSTANCE_VIEW_COLUMNS
 from tracekit.core.window import cpu_mode_ranks
+from tracekit.schema import TraceMeta
 
 __all__ = ["cross_rank_sections", "cross_rank_plan", "cross_rank_part", "cross_rank_finish", "CrossRankPart",
            "section_keys"]
@@ -80,7 +81,7 @@ class CrossRankPart:
 
 def cross_rank_plan(
     small: pl.DataFrame,
-    meta: Mapping[str, Any],
+    meta: TraceMeta,
     opts: Mapping[str, Any] | None = None,
     *,
     ranks: list[int] | None = None,
@@ -219,7 +220,7 @@ def cross_rank_finish(plan: CrossRankPlan, parts: list[CrossRankPart], tables: d
     return out
 
 
-def cross_rank_sections(df: pl.DataFrame, meta: Mapping[str, Any], opts: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def cross_rank_sections(df: pl.DataFrame, meta: TraceMeta, opts: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """JSON sections (see :func:`section_keys`) + ``_comm_parts``; pure (quality flags go to ``opts['quality']``).
 
     ``opts``: ``window`` (object with ``start_ns``/``end_ns``, None = whole trace), ``quality`` (a

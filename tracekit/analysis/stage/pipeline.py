@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence, cast
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 import msgspec
 import polars as pl
@@ -212,13 +212,14 @@ def locate_unreadable(source: "FrameSource | ScanSource", e: BaseException) -> I
     return unreadable(source.path, e)
 
 
-def _window_inside(tr: tuple[int, int], spec: str, origin: int, meta: Mapping[str, Any], ov: Any, quality: QualityLog) -> tuple[int, int]:
+def _window_inside(tr: tuple[int, int], spec: str, origin: int, meta: TraceMeta, ov: Any, quality: QualityLog) -> tuple[int, int]:
     """An explicit ``--window`` must start inside the capture; its end is clipped to the capture's end.
 
     A window before the start or past the end would count unrecorded time as idle
     (">100% of its window", "100% idle"): that is a usage error, not a result.
     """
-    end = (meta.get("window_ns") or [None, None])[1]
+    wn = meta.get("window_ns")
+    end: int | None = wn[1] if wn else None
     if end is None and ov.ranks.height:
         hi = ov.ranks["hi"].max()
         end = int(hi) if hi is not None else None
@@ -243,7 +244,7 @@ class FinishedRun:
 
     source: FrameSource | ScanSource
     overview: Overview
-    meta: Mapping[str, Any]
+    meta: TraceMeta
     sections: Mapping[str, Any]
     plan: CrossRankPlan
 
@@ -328,7 +329,7 @@ class LocalRunner:
 
 def run_analysis(
     source: FrameSource | ScanSource,
-    meta: Mapping[str, Any],
+    meta: TraceMeta,
     *,
     window: str | None = None,
     skip_steps: int = 0,
@@ -360,7 +361,8 @@ def run_analysis(
         raise InputError(f"{path}: unreadable trace data ({first_line(e)}); re-convert the source") from None
     tr = None
     if window:
-        origin = (meta.get("window_ns") or [None])[0]
+        wn = meta.get("window_ns")
+        origin: int | None = wn[0] if wn else None
         if origin is None:
             m = ov.ranks["min_ts"].min() if ov.ranks.height else None
             origin = int(m) if m is not None else 0  # type: ignore[arg-type]
@@ -394,7 +396,7 @@ def run_analysis(
     sections, others = _typed(_result(meta, win, bd, totals, top, extra, quality))
     view = plan.view if plan is not None and plan.view is not None else pl.DataFrame()
     offsets = {int(k): int(v) for k, v in plan.align.offsets_ns.items()} if plan is not None and plan.align.applied else {}
-    return AnalysisResult(meta=cast(TraceMeta, meta), window=win, sections=sections, buckets=tuple(bd.buckets),
+    return AnalysisResult(meta=meta, window=win, sections=sections, buckets=tuple(bd.buckets),
                           breakdown=bd.table, kernel_totals=totals if totals is not None else pl.DataFrame(), instances=view,
                           clock_offsets_ns=offsets, step_table=tables.get("steps", pl.DataFrame()), extra=others)
 
@@ -418,7 +420,7 @@ def _typed(doc: dict[str, Any]) -> tuple[Sections, dict[str, Node]]:
     return build({k: v for k, v in doc.items() if k in _TREE_FIELDS}, Sections), others
 
 
-def _result(meta: Mapping[str, Any], win: Window, bd: Any, totals: pl.DataFrame | None, top: int, extra: dict[str, Any],
+def _result(meta: TraceMeta, win: Window, bd: Any, totals: pl.DataFrame | None, top: int, extra: dict[str, Any],
             quality: QualityLog) -> dict[str, Any]:
     ranks = bd.as_records()
     overall_t: dict[str, int] = {}
