@@ -24,6 +24,8 @@ from typing import Any, Iterable, Mapping
 
 import polars as pl
 
+from tracekit.analysis.steptime import StepTime
+
 __all__ = ["Finding", "rank_findings", "basic_candidates", "dominant_candidates", "stall_candidates", "clock_candidates", "idle_candidates",
            "pcie_candidates", "power_candidates", "step_candidates", "efficiency_candidates", "host_cpus", "is_collective_name",
            "RESIDUAL_WARN_NS"]
@@ -330,20 +332,30 @@ def power_candidates(verdicts: Iterable[str]) -> list[Finding]:
     return [Finding("power", v + ".", 1.0) for v in verdicts]
 
 
-def step_candidates(summary: pl.DataFrame, steps: pl.DataFrame) -> list[Finding]:
-    """Step time of the two largest step groups (percentiles need at least 3 steps), and steps without GPU ops."""
+def step_candidates(summary: pl.DataFrame, steps: pl.DataFrame, headline: StepTime | None = None) -> list[Finding]:
+    """The trace's step time (``headline``: :mod:`tracekit.analysis.steptime`, the one every view prints), the
+    largest step group of another mode (percentiles need at least 3 steps), and steps without GPU ops."""
     found: list[Finding] = []
+    if headline is not None:
+        h = headline
+        tps = f", {h.tokens_per_s:,.0f} tokens/s" if h.tokens_per_s else ""
+        shape = f" ({h.tokens} tokens per step)" if h.tokens is not None else ""
+        spread = f"p90 {_ms(h.p90_ns)}, " if h.n_steps >= 3 else ""
+        found.append(Finding("steps", f"{h.mode or 'Steps'}{shape}: step time p50 {_ms(h.p50_ns)}, {spread}over "
+                                      f"{h.n_steps} step(s){tps}.", 0.5, samples=h.n_steps))
     if summary.height:
-        for row in summary.sort("steps", descending=True).head(2).iter_rows(named=True):
-            tps = f", {row['tokens_per_s']:.0f} tokens/s" if row.get("tokens_per_s") else ""
+        rows = summary.sort("steps", descending=True)
+        if headline is not None:
+            rows = rows.filter(pl.col("mode").cast(pl.String).ne_missing(headline.mode))
+        for row in rows.head(2 if headline is None else 1).iter_rows(named=True):
             bs = f" bs={row['batch_size']}" if row.get("batch_size") is not None else ""
             n = int(row["steps"])
-            # step time = host range or GPU span, whichever is longer (tracekit.analysis.passes.steps)
+            # step time = host range or GPU span, whichever is longer (tracekit.analysis.steptime)
             p50, p90 = row.get("step_p50_ns", row["p50_ns"]), row.get("step_p90_ns", row["p90_ns"])
             host = f" (host {_ms(row['p50_ns'])})" if row["p50_ns"] and p50 and p50 > 1.2 * row["p50_ns"] else ""
             spread = f"p90 {_ms(p90)}, " if n >= 3 else ""  # a percentile needs at least 3 steps
             found.append(Finding("steps", f"{row['mode'] or 'Steps'}{bs}: step time p50 {_ms(p50)}{host}, {spread}"
-                                          f"over {n} step(s){tps}.", 0.5, samples=n))
+                                          f"over {n} step(s).", 0.5, samples=n))
     if steps.height:
         n_no = steps.filter(pl.col("no_gpu")).height
         if n_no:

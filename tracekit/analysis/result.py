@@ -25,7 +25,9 @@ from typing import Any, Mapping
 import msgspec
 import polars as pl
 
+from tracekit.analysis.passes.steps import counted_steps
 from tracekit.analysis.sections import Node, Sections
+from tracekit.analysis.steptime import StepTime, step_time
 from tracekit.core.window import Window
 from tracekit.schema import TraceMeta
 
@@ -130,13 +132,18 @@ class AnalysisResult:
         m = st.group_by("rank").len()["len"].mean()
         return float(m) if isinstance(m, (int, float)) else 0.0
 
-    def tokens_per_s(self) -> float | None:
-        """Tokens over step time of the profiled steps (all ranks): the step summary's definition, over every group."""
-        st = self.profiled_steps()
-        if st.height == 0 or "tokens" not in st.columns or st["tokens"].null_count() == st.height:
+    def step_time(self) -> StepTime | None:
+        """The trace's step time and tokens/s: the one every view prints (:mod:`tracekit.analysis.steptime`;
+        ``steps.step_time`` in the JSON)."""
+        st = self.step_table
+        if st.height == 0 or "gpu_ops" not in st.columns:
             return None
-        dur = float(st["step_ns" if "step_ns" in st.columns else "dur_ns"].sum() or 0)  # the step summary's step time
-        return float(st["tokens"].sum() or 0) / (dur * 1e-9) if dur > 0 else None
+        return step_time(counted_steps(st))
+
+    def tokens_per_s(self) -> float | None:
+        """Tokens/s of :meth:`step_time` (the primary shape's tokens per step / its step time p50)."""
+        st = self.step_time()
+        return st.tokens_per_s if st is not None else None
 
     def collective_wait_ns(self) -> dict[int, int]:
         """Total collective wait per rank (the one definition: :mod:`tracekit.analysis.collectives`)."""

@@ -24,8 +24,9 @@ __all__ = [
     "Node", "QualityItem", "WindowInfo", "RankBreakdown", "Overall", "TopKernel", "UncategorizedKernel",
     "Stall", "ClockAlignment", "CollectiveGroup", "CollectiveRank", "StallSummary", "StallThresholds", "Collectives",
     "IdleCauses", "IdleGap", "PciePhase", "PowerRank", "SpinWait", "SpinWaits", "Power",
-    "StepRow", "StepSummary", "Steps", "KernelEfficiency", "MoeShape", "MoeGemmRank", "MoeGemm", "MoeDetection",
-    "ExpertLayer", "ExpertWorst", "ExpertLoad", "Interconnect", "Replayed", "NextWinBaseline", "NextWinRow",
+    "StepRow", "StepSummary", "StepTimeNode", "UnprofiledSteps", "Steps", "KernelEfficiency", "MoeShape", "MoeGemmRank",
+    "MoeGemm", "MoeDetection", "ExpertLayer", "ExpertWorst", "ExpertLoad", "Interconnect", "Replayed", "NextWinBaseline",
+    "Confidence", "NextWinRow",
     "Skipped", "NextWin", "Sections", "build", "schema_doc", "SCHEMA_VERSION", "ANALYSIS_FIELDS", "UNSET", "UnsetType",
 ]
 
@@ -270,8 +271,35 @@ class StepSummary(Node, frozen=True, kw_only=True):
     tokens_per_s: float | None
 
 
+class StepTimeNode(Node, frozen=True, kw_only=True):
+    """The trace's step time (:mod:`tracekit.analysis.steptime`, the one every view prints): the primary shape's
+    job-step p50/p90 and tokens/s."""
+
+    mode: str | None
+    tokens: int | None
+    n_steps: int
+    step_ns_p50: Num
+    step_ns_p90: Num
+    tokens_per_s: float | None
+    n_job_steps: int
+
+
+class UnprofiledSteps(Node, frozen=True, kw_only=True):
+    """The program clock's unprofiled steps of the primary shape, matched to the profiled ones
+    (:func:`tracekit.analysis.unprofiled.matched_timing`: what replay calibrates to)."""
+
+    mode: str | None
+    tokens: int | None
+    n_steps: int
+    step_ns_p50: Num
+    noise: float | None
+    tokens_per_s: float | None
+
+
 class Steps(Node, frozen=True, kw_only=True):
     count: int
+    step_time: StepTimeNode | None
+    unprofiled: UnprofiledSteps | None
     summary: tuple[StepSummary, ...]
     steps: tuple[StepRow, ...]
     without_gpu: int
@@ -420,20 +448,39 @@ class Replayed(Node, frozen=True, kw_only=True):
 
 
 class NextWinBaseline(Node, frozen=True, kw_only=True):
+    """``step_ns_p50``: the calibrated replay's (on the program's clock when calibrated), which rows compare to;
+    ``profiled_step_ns_p50``: the trace's step time (``steps.step_time``)."""
+
     step_ns_p50: Num
     tokens_per_s: float | None
     calibrated: bool
     measured_step_ns_p50: Num | None
+    profiled_step_ns_p50: Num | None
     replayed: Replayed
 
 
+class Confidence(Node, frozen=True, kw_only=True):
+    """How far replay was from changes of this kind actually made (:mod:`tracekit.replay.accuracy`)."""
+
+    kind: str
+    error_median: float
+    error_max: float
+    pairs: int
+
+
 class NextWinRow(Node, frozen=True, kw_only=True):
+    """A change that can be made as stated (``needs`` empty), or one that needs others first; ``then``: the
+    changes that need this one (their prediction is of the whole sequence)."""
+
     spec: str
     what: str
+    needs: tuple[str, ...]
     step_ns_p50: Num
     tokens_per_s: float | None
     change: float
     within_noise: bool | None
+    confidence: Confidence | None
+    then: tuple["NextWinRow", ...] | UnsetType = UNSET
 
 
 class Skipped(Node, frozen=True, kw_only=True):

@@ -112,13 +112,11 @@ def _buckets(res: AnalysisResult) -> tuple[dict[str, float], float, float]:
 
 
 def _steps(res: AnalysisResult) -> tuple[float, float | None, float | None, float | None]:
-    st = res.profiled_steps()
-    if st.height == 0:
-        return 0.0, None, None, None
-    d = st["dur_ns"].cast(pl.Float64)
-    p50, p90 = d.quantile(0.5, "nearest"), d.quantile(0.9, "nearest")
-    return (res.steps_per_rank(), float(p50) if p50 is not None else None, float(p90) if p90 is not None else None,
-            res.tokens_per_s())
+    """Steps per rank and the one step time (:meth:`AnalysisResult.step_time`: p50, p90, tokens/s), as analyze."""
+    st = res.step_time()
+    if st is None:
+        return res.steps_per_rank(), None, None, None
+    return res.steps_per_rank(), st.p50_ns, st.p90_ns, st.tokens_per_s
 
 
 def _in_spans(df: pl.DataFrame, spans: tuple[tuple[int, int], ...]) -> pl.DataFrame:

@@ -1,186 +1,21 @@
-"""Unprofiled step timings, the noise floor, and the CPU-gap calibration (replay_model.md §5).
-
-Unprofiled timings are ``kind="step"`` rows with ``profiled=False`` (written by
-capture, ``src="tracekit.step"``), one per rank and step. The job's step time is
-the max over ranks of the same step (ranks of a TP group finish a step
-together; the slowest rank is what a client sees).
-
-Like is compared with like (:func:`matched_timing`): a serving run's batch
-grows and its step time with it, so each replayed (profiled) step is compared
-with the unprofiled steps of the same mode and token count that ran closest in
-time to the profiled steps of that shape (``k`` of them). The measured p50 is
-the median over the replayed steps of their matched medians; the noise floor is
-the same statistic computed from the earlier and the later half (in time) of
-each matched set: |p50(early) − p50(late)| / p50.
-"""
+"""The CPU-gap calibration (replay_model.md §5): one scale on the host's program-order gaps, fitted so the baseline
+replay reproduces the program's unprofiled step time (:func:`tracekit.analysis.unprofiled.matched_timing`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
-import numpy as np
-import polars as pl
-
-from tracekit.core._num import as_float
+from tracekit.analysis.unprofiled import (
+    MATCH_K,
+    MATCH_RADIUS,
+    UnprofiledTiming,
+    job_step_series,
+    matched_timing,
+    unprofiled_timing,
+)
 
 __all__ = ["UnprofiledTiming", "unprofiled_timing", "matched_timing", "job_step_series", "fit_gap_scale",
            "MATCH_K", "MATCH_RADIUS"]
-
-#: unprofiled steps matched per (mode, tokens) shape, and how far (in forwards) from a profiled step they may be
-MATCH_K = 10
-MATCH_RADIUS = 50
-
-
-@dataclass(frozen=True)
-class UnprofiledTiming:
-    """Job-level unprofiled step times (ns) and their run-to-run spread."""
-
-    step_ns: np.ndarray
-    p50: float
-    mean: float
-    noise: float | None  # |median(first half) − median(second half)| / median; None with < 4 steps
-    halves_ns: tuple[float, float] | None
-    tokens_p50: float | None
-    matched: list[dict[str, Any]] | None = None  # per shape: mode, tokens, n_ref, n_matched, p50_ns (matched_timing only)
-
-
-def job_step_series(steps: pl.DataFrame, key: str = "step_ord", dur: str = "dur_ns") -> np.ndarray:
-    """Per step index: max over ranks of the duration, in step order."""
-    if steps.height == 0:
-        return np.zeros(0)
-    s = steps.group_by(key).agg(pl.col(dur).max()).sort(key)
-    return s.get_column(dur).to_numpy().astype(float)
-
-
-def unprofiled_timing(df: pl.DataFrame, meta: dict[str, Any] | None = None, mode: str | None = None) -> UnprofiledTiming | None:
-    """The unprofiled step timings recorded at capture (only ``step_mode == mode`` when given), or None."""
-    st = df.filter((pl.col("kind").cast(pl.String) == "step") & (pl.col("profiled") == False))  # noqa: E712
-    if mode is not None:
-        st = st.filter(pl.col("step_mode").cast(pl.String) == mode)
-    if st.height == 0:
-        return None
-    if "src" in st.columns:
-        own = st.filter(pl.col("src").cast(pl.String) == "tracekit.step")
-        if own.height:
-            st = own
-    st = st.sort(["rank", "ts_ns"]).with_columns(pl.int_range(pl.len()).over("rank").alias("_i"))
-    x = job_step_series(st, key="_i")
-    if x.size == 0:
-        return None
-    tok = st.get_column("tokens").drop_nulls()
-    noise = halves = None
-    if x.size >= 4:
-        h = x.size // 2
-        a, b = float(np.median(x[:h])), float(np.median(x[h:]))
-        halves = (a, b)
-        noise = abs(a - b) / float(np.median(x))
-    return UnprofiledTiming(x, float(np.median(x)), float(x.mean()), noise, halves,
-                            as_float(tok.median()) if tok.len() else None)
-
-
-def _job_unprofiled(df: pl.DataFrame) -> pl.DataFrame:
-    """Unprofiled step rows → one row per job step: ts (min over ranks), dur (max over ranks), mode, tokens."""
-    st = df.filter((pl.col("kind").cast(pl.String) == "step") & (pl.col("profiled") == False))  # noqa: E712
-    if "src" in st.columns:
-        own = st.filter(pl.col("src").cast(pl.String) == "tracekit.step")
-        if own.height:
-            st = own
-    if st.height == 0:
-        return pl.DataFrame(schema={"ts": pl.Int64, "dur": pl.Int64, "mode": pl.String, "tokens": pl.Int64})
-    st = st.sort(["rank", "ts_ns"]).with_columns(pl.int_range(pl.len()).over("rank").alias("_i"))
-    key = "step_id" if st.get_column("step_id").null_count() == 0 else "_i"
-    return (st.group_by(key).agg(pl.col("ts_ns").min().alias("ts"), pl.col("dur_ns").max().alias("dur"),
-                                 pl.col("step_mode").cast(pl.String).first().alias("mode"),
-                                 pl.col("tokens").cast(pl.Int64).first().alias("tokens"))
-            .select("ts", "dur", "mode", "tokens").sort("ts"))
-
-
-def _job_profiled(df: pl.DataFrame) -> pl.DataFrame:
-    st = df.filter((pl.col("kind").cast(pl.String) == "step") & (pl.col("profiled").fill_null(True)))
-    if st.height == 0:
-        return pl.DataFrame(schema={"ts": pl.Int64, "mode": pl.String, "tokens": pl.Int64})
-    st = st.sort(["rank", "ts_ns"]).with_columns(pl.int_range(pl.len()).over("rank").alias("_i"))
-    return (st.group_by("_i").agg(pl.col("ts_ns").min().alias("ts"), pl.col("step_mode").cast(pl.String).first()
-                                  .alias("mode"), pl.col("tokens").cast(pl.Int64).first())
-            .select("ts", "mode", "tokens").sort("ts"))
-
-
-def matched_timing(df: pl.DataFrame, ref: pl.DataFrame, *, k: int = MATCH_K,
-                   radius: int = MATCH_RADIUS) -> UnprofiledTiming | None:
-    """Unprofiled timing of ``df`` matched to the reference steps ``ref`` (columns ``mode``, ``tokens``; one row
-    per replayed job step), or None when ``df`` has no unprofiled step of those modes.
-
-    Per distinct (mode, tokens) of ``ref``: the ``k`` unprofiled job steps of ``df`` with that mode and token
-    count closest in time to ``df``'s own profiled steps of that shape (to all its profiled steps when it has
-    none of that shape), counting distance in forwards and keeping only those within ``radius`` forwards when
-    there are any (a run's step time can drift at a constant shape); with no unprofiled step of that token
-    count, those of the nearest token count. The headline (``p50``, ``mean``, ``noise``) is the primary
-    shape's (most reference steps; ties: more tokens); ``matched`` lists every shape.
-    """
-    un = _job_unprofiled(df)
-    if un.height == 0 or ref.height == 0:
-        return None
-    prof = _job_profiled(df)
-    shapes = ref.group_by(["mode", "tokens"]).len().sort(["mode", "tokens"], nulls_last=True)
-    per: dict[tuple[Any, Any], tuple[float, float, float, float, int]] = {}
-    picked: dict[tuple[Any, Any], np.ndarray] = {}
-    info: list[dict[str, Any]] = []
-    all_ts = prof.get_column("ts").to_numpy()
-    # position of every job step (profiled or not) in forward order: distances are counted in forwards
-    order_ts = np.sort(np.concatenate([un.get_column("ts").to_numpy(), all_ts]))
-    for mode, tokens, n_ref in shapes.iter_rows():
-        cand = un.filter(pl.col("mode").eq_missing(mode))
-        if cand.height == 0:
-            continue
-        used_tokens = tokens
-        if tokens is not None:
-            same = cand.filter(pl.col("tokens") == tokens)
-            if same.height == 0:
-                nearest = cand.with_columns((pl.col("tokens") - tokens).abs().alias("_d")).sort("_d")
-                used_tokens = nearest.item(0, "tokens")
-                same = cand.filter(pl.col("tokens") == used_tokens)
-            cand = same
-        anchors = prof.filter(pl.col("mode").eq_missing(mode) & pl.col("tokens").eq_missing(tokens)).get_column("ts").to_numpy()
-        if anchors.size == 0:
-            anchors = all_ts
-        ts = cand.get_column("ts").to_numpy()
-        dur = cand.get_column("dur").to_numpy().astype(float)
-        if anchors.size:
-            pos = np.searchsorted(order_ts, ts)
-            apos = np.searchsorted(order_ts, anchors)
-            dist = np.abs(pos[:, None] - apos[None, :]).min(axis=1)
-            near = np.argsort(dist, kind="stable")[:k]
-            if (dist[near] <= radius).any():
-                near = near[dist[near] <= radius]
-            pick = np.sort(near)  # back in time order
-        else:
-            pick = np.arange(min(k, ts.size))
-        x = dur[pick]
-        h = x.size // 2
-        a = float(np.median(x[:h])) if h else float(np.median(x))
-        bb = float(np.median(x[h:]))
-        per[(mode, tokens)] = (float(np.median(x)), float(x.mean()), a, bb, int(x.size))
-        picked[(mode, tokens)] = x
-        info.append({"mode": mode, "tokens": tokens, "matched_tokens": used_tokens, "n_ref": int(n_ref),
-                     "n_matched": int(x.size), "p50_ns": float(np.median(x))})
-    if not per:
-        return None
-    # headline: the primary shape (most reference steps; ties: more tokens), as the replay's step_series
-    cnt = shapes.filter(pl.struct("mode", "tokens").map_elements(lambda r: (r["mode"], r["tokens"]) in per,
-                                                                  return_dtype=pl.Boolean))
-    if cnt.height == 0:
-        return None
-    cnt = cnt.sort(["len", "tokens"], descending=True, nulls_last=True)
-    key = (cnt.item(0, "mode"), cnt.item(0, "tokens"))
-    p50, mean, ha, hb, n = per[key]
-    for d in info:
-        pp = per[(d["mode"], d["tokens"])]
-        d["noise"] = abs(pp[2] - pp[3]) / pp[0] if pp[0] and pp[4] >= 4 else None
-        d["primary"] = (d["mode"], d["tokens"]) == key
-    noise = abs(ha - hb) / p50 if (p50 and n >= 4) else None
-    return UnprofiledTiming(picked[key], p50, mean, noise, (ha, hb) if noise is not None else None,
-                            float(key[1]) if key[1] is not None else None, info)
 
 
 def fit_gap_scale(p50_of_scale: Callable[[float], float], target_ns: float, *, hi: float = 1.5,

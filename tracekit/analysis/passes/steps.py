@@ -5,10 +5,17 @@ Steps are ``kind="step"`` rows (SGLang ``step[...]``, tracekit ``tk.fwd[...]``,
 ``step_id`` (set by the converter for ops launched inside the step range); when no
 op carries one, by the launch time (or start) falling inside the step range on the
 same rank. ``dur_ns`` is the CPU range; ``gpu_span_ns`` runs from the step's first
-GPU op start to its last GPU op end; ``step_ns`` is the larger of the two (a host range
-that only launches work is shorter than the work), and tokens/s use ``step_ns``
-(summary: ``p50_ns``/``p90_ns`` of the host range, ``step_p50_ns``/``step_p90_ns`` of ``step_ns``). Per-category times are summed kernel
+GPU op start to its last GPU op end; ``step_ns`` is the larger of the host range and the step's GPU part
+(:func:`tracekit.analysis.steptime.step_ns_expr`, the one definition: the GPU part runs from the step's start, or
+the end of the rank's earlier GPU work if later, to its last op's end). Per-category times are summed kernel
 durations (not exclusive). Profiled steps with no GPU op are flagged.
+
+**The trace's step time** is :attr:`StepStats.step_time` (JSON ``steps.step_time``): the p50 of the primary
+shape's job steps and its tokens/s (:mod:`tracekit.analysis.steptime`). Every view that prints *the* step time or
+tokens/s (the steps finding, next win, replay's baseline, diff) reads that one value. ``summary`` breaks the
+profiled steps down by (mode, batch size) over every rank's rows (``p50_ns``/``p90_ns`` of the host range,
+``step_p50_ns``/``step_p90_ns`` of ``step_ns``, ``tokens_per_s`` = tokens / summed ``step_ns``); unprofiled step
+records (``profiled=false``: the program's own clock) are left out of it and summarized in ``unprofiled``.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ from tracekit.core import intervals as iv
 from tracekit.analysis.findings import step_candidates
 from tracekit.analysis.passes.gaps import gpu_ops
 from tracekit.analysis.registry import Analysis, FinishContext, Finished, register
+from tracekit.analysis.steptime import StepTime, gpu_part_expr, job_steps, prev_gpu_end, step_ns_expr, step_time
+from tracekit.analysis.unprofiled import matched_timing
 from tracekit.schema import CATEGORIES
 
 __all__ = ["StepPart", "StepStats", "comm_wait_by_step", "step_finish", "step_part", "step_stats"]
@@ -30,15 +39,20 @@ __all__ = ["StepPart", "StepStats", "comm_wait_by_step", "step_finish", "step_pa
 
 @dataclass
 class StepStats:
-    """``steps``: one row per (rank, step); ``summary``: by (mode, batch_size); ``quality`` flags."""
+    """``steps``: one row per (rank, step); ``summary``: profiled steps by (mode, batch_size); ``step_time``: the
+    trace's step time (module doc); ``unprofiled``: the program clock's step records of the same shape; ``quality``."""
 
     steps: pl.DataFrame
     summary: pl.DataFrame
     quality: list[Quality] = field(default_factory=list)
+    step_time: StepTime | None = None
+    unprofiled: dict[str, Any] | None = None
 
     def to_json(self, max_steps: int = 200) -> dict[str, Any]:
         return {
             "count": self.steps.select(pl.struct("rank", "step_id").n_unique()).item() if self.steps.height else 0,
+            "step_time": self.step_time.to_json() if self.step_time is not None else None,
+            "unprofiled": self.unprofiled,
             "summary": self.summary.to_dicts(),
             "steps": self.steps.head(max_steps).to_dicts(),
             "without_gpu": int(self.steps.filter(pl.col("no_gpu"))["step_id"].n_unique()) if self.steps.height else 0,
@@ -80,10 +94,13 @@ def _step_table(st: pl.DataFrame, ops: pl.DataFrame, comm_wait: pl.DataFrame | N
     out = st.join(per_cat, on=["rank", "step_id"], how="left").with_columns(
         pl.col("gpu_ops").fill_null(0),
         (pl.col("_g1") - pl.col("_g0")).alias("gpu_span_ns"),
-    ).drop(["_g0", "_g1"]).with_columns(
-        # the step's time: the host range, or the GPU span when the GPU runs past it (async launches)
-        pl.max_horizontal("dur_ns", pl.col("gpu_span_ns").fill_null(0)).alias("step_ns"),
     )
+    outside = ops.filter(pl.col("step_id").is_null()).select("rank", "start", "end")
+    out = out.with_columns(prev_gpu_end(out.select("rank", pl.col("start_ns").alias("start"), pl.col("_g1").alias("gpu_end")),
+                                        outside).alias("_prev")).with_columns(
+        # the step's time: the host range, or its GPU part when the GPU runs past it (tracekit.analysis.steptime)
+        step_ns_expr(pl.col("dur_ns"), gpu_part_expr(pl.col("start_ns"), pl.col("_g0"), pl.col("_g1"), pl.col("_prev"))).alias("step_ns"),
+    ).drop(["_g0", "_g1", "_prev"])
     if comm_wait is not None:
         out = out.join(comm_wait, on=["rank", "step_id"], how="left").with_columns(pl.col("comm_wait_ns").fill_null(0))
     return out.with_columns(((pl.col("gpu_ops") == 0) & pl.col("profiled").fill_null(True)).alias("no_gpu")).sort(
@@ -124,7 +141,7 @@ def step_finish(parts: list[StepPart]) -> StepStats:
     if n_no:
         q.add("steps_without_gpu", f"{n_no} profiled step(s) have no GPU op attributed (graph replay without attribution, "
               "or the profiler window cut them)", count=n_no)
-    prof = out.filter(~pl.col("no_gpu"))
+    prof = out.filter(~pl.col("no_gpu") & pl.col("profiled").fill_null(True))
     summary = (
         prof.group_by(["mode", "batch_size"])
         .agg(
@@ -142,7 +159,31 @@ def step_finish(parts: list[StepPart]) -> StepStats:
         )
         .sort(["mode", "batch_size"], nulls_last=True)
     )
-    return StepStats(out, summary, list(q))
+    st = step_time(counted_steps(out))
+    return StepStats(out, summary, list(q), st, _unprofiled(out, st))
+
+
+def counted_steps(steps: pl.DataFrame) -> pl.DataFrame:
+    """The rows that count for the step time (:mod:`tracekit.analysis.steptime`): profiled steps with GPU work; on
+    a trace without any GPU op (CPU mode), every profiled step."""
+    prof = steps.filter(pl.col("profiled").fill_null(True))
+    with_gpu = prof.filter(pl.col("gpu_ops") > 0)
+    return with_gpu if with_gpu.height or steps.get_column("gpu_ops").sum() > 0 else prof
+
+
+def _unprofiled(steps: pl.DataFrame, st: StepTime | None) -> dict[str, Any] | None:
+    """The program clock's unprofiled step time of the primary shape (:func:`tracekit.analysis.unprofiled.matched_timing`,
+    the number replay calibrates to): p50, noise, count, tokens/s; None without unprofiled records of that mode."""
+    if st is None or steps.filter(pl.col("profiled").eq(False)).height == 0:
+        return None
+    frame = steps.select(pl.lit("step").alias("kind"), "rank", pl.col("start_ns").alias("ts_ns"), "dur_ns",
+                         pl.col("mode").alias("step_mode"), "tokens", "profiled", "step_id")
+    job = job_steps(counted_steps(steps))
+    t = matched_timing(frame, job.filter(pl.col("mode").eq_missing(st.mode)).select("mode", "tokens"))
+    if t is None:
+        return None
+    return {"mode": st.mode, "tokens": st.tokens, "n_steps": int(t.step_ns.size), "step_ns_p50": t.p50,
+            "noise": t.noise, "tokens_per_s": st.tokens / t.p50 * 1e9 if st.tokens and t.p50 else None}
 
 
 def step_stats(df: pl.DataFrame, instances: pl.DataFrame | None = None) -> StepStats:
@@ -167,4 +208,4 @@ ANALYSIS = register(Analysis(
     "steps", ("steps",),
     ("rank", "kind", "ts_ns", "dur_ns", "category", "launch_ts_ns", "step_id", "step_mode", "batch_size", "tokens", "profiled"),
     lambda df, ctx: step_part(df, ctx.plan.comm_wait), _finish,
-    lambda ctx: step_candidates(ctx.result.value.summary, ctx.result.value.steps), order=50))
+    lambda ctx: step_candidates(ctx.result.value.summary, ctx.result.value.steps, ctx.result.value.step_time), order=50))
