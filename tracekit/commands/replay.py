@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
         what_if: List[str] = typer.Option(
             [], "--what-if", "-w",
             help="Scenario (repeatable): moe_gemm=0.33 | re:fused_moe.*=0.5 | allreduce=bw:400GB/s,lat:5us | "
-                 "allreduce=nvlink-h200 | no-host-sync | cuda-graph[:node=0.3us,launch=10us]; '+' combines."),
+                 "allreduce=nvlink-h200 | no-host-sync | grouped-experts | cuda-graph[:node=0.3us,launch=10us]; '+' combines."),
         durations_from: Optional[Path] = typer.Option(
             None, "--durations-from", readable=False, help="trace.parquet of the same workload: substitute its per-kernel durations "
                                            "(oracle scenario)."),

@@ -14,8 +14,8 @@ import numpy as np
 import polars as pl
 
 from tracekit._errors import Quality, QualityLog, UsageError
-from tracekit.core._num import as_float
-from tracekit.replay.calibrate import UnprofiledTiming, fit_gap_scale, job_step_series, matched_timing
+from tracekit.analysis.steptime import p50, primary_shape
+from tracekit.replay.calibrate import UnprofiledTiming, fit_gap_scale, matched_timing
 from tracekit.replay.graph import ReplayGraph, build_graph
 from tracekit.replay.simulate import (
     Schedule,
@@ -89,7 +89,8 @@ def measure(target_df: pl.DataFrame, ref: pl.DataFrame) -> dict[str, Any] | None
 
 
 def _stats(x: np.ndarray) -> tuple[float, float]:
-    return (float(np.median(x)), float(x.mean())) if x.size else (float("nan"), float("nan"))
+    """(p50, mean) of job step times; p50 is the step-time median of :mod:`tracekit.analysis.steptime`."""
+    return (p50(x), float(x.mean())) if x.size else (float("nan"), float("nan"))
 
 
 class Replayer:
@@ -98,60 +99,171 @@ class Replayer:
     def __init__(self, df: pl.DataFrame, graph: ReplayGraph | None = None, instances: pl.DataFrame | None = None) -> None:
         self.g = graph if graph is not None else build_graph(df, instances)
         self.sched: Schedule = make_schedule(self.g)
-        modes = self.g.steps.get_column("step_mode").drop_nulls()
-        #: steps compared are those of the dominant forward mode (DECODE in a serving trace) ...
-        self.mode: str | None = modes.mode().sort().item(0) if modes.len() else None
-        #: ... and, for the headline figures, its primary shape: the token count with most steps (ties: larger)
-        self.tokens: int | None = None
-        if self.mode is not None:
-            job = (self.g.steps.filter(pl.col("step_mode") == self.mode).group_by("step_ord")
-                   .agg(pl.col("tokens").max()))
-            cnt = job.group_by("tokens").len().sort(["len", "tokens"], descending=True, nulls_last=True)
-            self.tokens = cnt.item(0, "tokens") if cnt.height else None
+        # the steps that count and their job steps, by the one definition (tracekit.analysis.steptime): a rank's
+        # profiled steps with GPU work, the n-th of every rank one job step
+        obs = step_times(self.g, None)
+        sh = self.g.steps.select("rank", "step_ord", "obs_ts", pl.col("step_mode").alias("mode"), "tokens")
+        counted = obs.filter(pl.col("gpu_ops") > 0).select("rank", "step_ord").join(sh, on=["rank", "step_ord"])
+        #: (rank, step_ord) -> job, with the job's mode and tokens
+        self.jobs: pl.DataFrame = self._job_map(counted)
+        job = self.jobs.unique("job").rename({"job_mode": "mode", "job_tokens": "tokens"})
+        #: the primary shape (mode, tokens): the headline figures are its job steps'
+        self.mode, self.tokens = primary_shape(job)
 
-    def _sel(self, st: pl.DataFrame, primary: bool = False) -> pl.DataFrame:
-        if self.mode is None:
-            return st
-        m = pl.col("step_mode") == self.mode
-        if primary:
-            m = m & pl.col("tokens").eq_missing(self.tokens)
-        keep = self.g.steps.filter(m).select("rank", "step_ord")
-        return st.join(keep, on=["rank", "step_ord"], how="semi")
+    @staticmethod
+    def _job_map(counted: pl.DataFrame) -> pl.DataFrame:
+        st = counted.sort(["rank", "obs_ts"]).with_columns(pl.int_range(pl.len()).over("rank").cast(pl.Int64).alias("job"))
+        per = st.group_by("job").agg(pl.col("mode").drop_nulls().first().alias("job_mode"),
+                                     pl.col("tokens").max().alias("job_tokens"))
+        return st.select("rank", "step_ord", "job").join(per, on="job")
+
+    def _jobs_of(self, st: pl.DataFrame, primary: bool = False, mode_only: bool = False) -> pl.DataFrame:
+        """Job steps of a :func:`step_times` table: ``job, mode, tokens, dur_ns, host_ns`` (max over ranks), in job
+        order."""
+        j = st.join(self.jobs, on=["rank", "step_ord"])
+        if primary or mode_only:
+            m = pl.col("job_mode").eq_missing(self.mode)
+            j = j.filter(m & pl.col("job_tokens").eq_missing(self.tokens) if primary else m)
+        return (j.group_by("job").agg(pl.col("dur_ns").max(), pl.col("host_ns").max(), pl.col("job_mode").first().alias("mode"),
+                                      pl.col("job_tokens").first().alias("tokens")).sort("job"))
+
+    def host_series(self, st: pl.DataFrame) -> np.ndarray:
+        """The primary shape's job host ranges (start marker → end marker, max over ranks) of a step table: what the
+        program's own clock around each step measured (the unprofiled step records)."""
+        return self._jobs_of(st, primary=True).get_column("host_ns").to_numpy().astype(float)
 
     def primary(self, st: pl.DataFrame) -> pl.DataFrame:
-        """The steps of the primary shape (mode, tokens) in a step table."""
-        return self._sel(st, primary=True)
+        """The counted steps of the primary shape (mode, tokens) in a step table."""
+        keep = self.jobs.filter(pl.col("job_mode").eq_missing(self.mode) & pl.col("job_tokens").eq_missing(self.tokens))
+        return st.join(keep.select("rank", "step_ord"), on=["rank", "step_ord"], how="semi")
 
     def step_series(self, inp: SimInputs) -> tuple[np.ndarray, pl.DataFrame, Any]:
-        """(job step times of the primary shape, step table of every step of the mode, simulation result)."""
+        """(job step times of the primary shape, step table of the counted steps, simulation result)."""
         res = simulate(self.g, inp, self.sched)
-        st = self._sel(step_times(self.g, res.t, inp.vdur))
-        return job_step_series(self.primary(st)), st, res
+        st = step_times(self.g, res.t, inp.vdur).join(self.jobs.select("rank", "step_ord"), on=["rank", "step_ord"],
+                                                       how="semi")
+        return self._jobs_of(st, primary=True).get_column("dur_ns").to_numpy().astype(float), st, res
 
     def by_shape(self, st: pl.DataFrame) -> list[dict[str, Any]]:
         """Job step time p50 per (mode, tokens) of a :meth:`step_series` step table."""
-        if st.height == 0:
+        j = self._jobs_of(st)
+        if j.height == 0:
             return []
-        sh = self.g.steps.select("rank", "step_ord", "step_mode", "tokens")
-        j = (st.join(sh, on=["rank", "step_ord"], how="left").group_by("step_ord")
-             .agg(pl.col("dur_ns").max(), pl.col("step_mode").first(), pl.col("tokens").max()))
-        out = j.group_by(["step_mode", "tokens"]).agg(pl.col("dur_ns").median().alias("p50"), pl.len().alias("n"))
-        return [{"mode": m, "tokens": t, "step_ns_p50": float(p), "n_steps": int(n)}
-                for m, t, p, n in out.sort(["step_mode", "tokens"], nulls_last=True).iter_rows()]
+        out = j.group_by(["mode", "tokens"]).agg(pl.col("dur_ns"), pl.len().alias("n"))
+        return [{"mode": m, "tokens": t, "step_ns_p50": p50(d), "n_steps": int(n)}
+                for m, t, d, n in out.sort(["mode", "tokens"], nulls_last=True).iter_rows()]
 
     def observed_series(self) -> np.ndarray:
-        return job_step_series(self._sel(step_times(self.g, None), primary=True))
+        """The primary shape's job step times as observed: analyze's step time (``steps.step_time``)."""
+        return self._jobs_of(step_times(self.g, None), primary=True).get_column("dur_ns").to_numpy().astype(float)
 
     def ref_steps(self) -> pl.DataFrame:
-        """One row per replayed job step (``mode``, ``tokens``): what unprofiled timings are matched to."""
-        st = self._sel(self.g.steps)
-        return (st.group_by("step_ord").agg(pl.col("step_mode").first().alias("mode"),
-                                            pl.col("tokens").max().alias("tokens")).sort("step_ord")
-                .select("mode", "tokens"))
+        """One row per replayed job step of the primary mode (``mode``, ``tokens``): what unprofiled timings are
+        matched to."""
+        j = self.jobs.filter(pl.col("job_mode").eq_missing(self.mode)).unique("job").sort("job")
+        return j.select(pl.col("job_mode").alias("mode"), pl.col("job_tokens").alias("tokens"))
 
-    def tokens_p50(self) -> float | None:
-        tok = self._sel(self.g.steps).get_column("tokens").drop_nulls()
-        return as_float(tok.median()) if tok.len() else None
+
+def _scenarios(what_ifs: Sequence[str | WhatIf], durations_from: Any) -> tuple[list[WhatIf], list[tuple[int, str]]]:
+    """Parsed scenarios (fail fast on bad specs) and the ``oracle+<spec>`` combinations (index, spec)."""
+    combos: list[tuple[int, str]] = []  # "oracle+<spec>": oracle durations, then the spec's edits
+    wis: list[WhatIf] = []
+    for w in what_ifs:
+        if isinstance(w, str) and "oracle" in [x.strip().lower() for x in w.split("+")]:
+            if durations_from is None:
+                raise UsageError(f"what-if {w!r}: 'oracle' needs --durations-from (the trace whose durations to use)")
+            rest = "+".join(x for x in w.split("+") if x.strip().lower() != "oracle")
+            combos.append((len(wis), w))
+            wis.append(parse_whatif(rest) if rest.strip() else WhatIf(spec=w))
+        else:
+            wis.append(parse_whatif(w) if isinstance(w, str) else w)
+    return wis, combos
+
+
+def _fit(rp: Replayer, unp: UnprofiledTiming | None, calibrate: bool, gap_scale: float | None,
+         q: QualityLog) -> tuple[float, bool]:
+    """The CPU-gap scale: given, or fitted so that the replayed steps' *host range* p50 (start marker → end marker)
+    equals the program clock's unprofiled p50 — like with like: an unprofiled step record is the same range on the
+    program's clock. Where the range ends with the step's readback sync this is the step time; where the program
+    syncs after the range, it is the host's launch time, which a GPU-bound step's time could not identify."""
+    if gap_scale is not None:
+        return float(gap_scale), False
+    if not calibrate or unp is None:
+        if unp is None:
+            q.add("replay_uncalibrated", "trace has no unprofiled step timings (kind=step, profiled=false): replay is "
+                  "uncalibrated and includes profiler overhead; capture with tracekit to record them")
+        return 1.0, False
+
+    def host_p50_at(s: float) -> float:
+        _x, st, _r = rp.step_series(inputs_from_graph(rp.g, s))
+        return p50(rp.host_series(st))
+
+    scale, _v = fit_gap_scale(host_p50_at, unp.p50)
+    if scale == 0.0:
+        q.add("replay_calibration_floor", "even with zero CPU gaps the replay is slower than the unprofiled "
+              "timing (GPU-bound, or kernels slowed by the profiler); calibration scale is 0", severity="info")
+    return scale, True
+
+
+def _baseline(rp: Replayer, unp: UnprofiledTiming | None, base_in: SimInputs, cp_steps: int) -> tuple[dict[str, Any], Any]:
+    """The ``baseline`` object and (its step table, simulation result)."""
+    g = rp.g
+    obs_st = step_times(g, None)
+    obs_p50, obs_mean = _stats(rp._jobs_of(obs_st, primary=True).get_column("dur_ns").to_numpy().astype(float))
+    host_obs = p50(rp.host_series(obs_st))
+    self_x, _st, _res = rp.step_series(inputs_from_graph(g, 1.0))
+    self_p50, _ = _stats(self_x)
+    bx, bst, bres = rp.step_series(base_in)
+    b_p50, b_mean = _stats(bx)
+    b_host = p50(rp.host_series(bst))
+    # the unprofiled records measure the step's range: its whole time only when the range holds the step's GPU work
+    host_only = unp is not None and obs_p50 > 1.01 * host_obs
+    tok = rp.tokens or (unp.tokens_p50 if unp else None)
+    base = {
+        "step_ns_p50": b_p50, "step_ns_mean": b_mean,
+        "measured_step_ns_p50": (b_p50 if host_only else unp.p50) if unp else obs_p50,
+        "measured_step_ns_mean": unp.mean if unp else obs_mean,
+        "measured_is_unprofiled": unp is not None, "measured_host_range_ns_p50": unp.p50 if unp else None,
+        "measured_is_host_range": host_only,
+        "profiled_step_ns_p50": obs_p50, "profiled_host_range_ns_p50": host_obs,
+        "self_replay_step_ns_p50": self_p50,
+        "self_replay_error": (self_p50 - obs_p50) / obs_p50 if obs_p50 else float("nan"),
+        "calibrated_error": ((b_host - unp.p50) / unp.p50) if unp else None,
+        "tokens_per_s": (tok / b_p50 * 1e9) if tok and b_p50 else None,
+        "critical_path_ns": critical_path_breakdown(g, bres, rp.primary(bst), cp_steps),
+        "n_steps": int(bx.size), "by_shape": rp.by_shape(bst), "step_mode": rp.mode, "step_tokens": rp.tokens,
+    }
+    return base, (bst, bres)
+
+
+def _with_oracle(rp: Replayer, wis: list[WhatIf], combos: list[tuple[int, str]], durations_from: Any) -> list[WhatIf]:
+    scen: list[WhatIf] = list(wis)
+    if durations_from is None:
+        return scen
+    tg = durations_from if isinstance(durations_from, ReplayGraph) else build_graph(durations_from)
+    oracle_w = oracle_whatif(rp.g, tg)
+    for i, spec in combos:  # the oracle's substitutions first, then the spec's own edits
+        scen[i] = WhatIf(spec=spec, edits=[*oracle_w.edits, *scen[i].edits], notes=[*oracle_w.notes, *scen[i].notes])
+    if not any(w.spec == "oracle" for w in scen):
+        scen.append(oracle_w)
+    return scen
+
+
+def _predict(rp: Replayer, w: WhatIf, base_in: SimInputs, base: dict[str, Any], noise: float | None,
+             tgt: dict[str, Any] | None, cp_steps: int) -> Prediction:
+    inp, notes = w.apply(rp.g, base_in)
+    x, st, res = rp.step_series(inp)
+    w_p50, mean = _stats(x)
+    b_p50 = base["step_ns_p50"]
+    change = (w_p50 - b_p50) / b_p50 if b_p50 else float("nan")
+    within = (abs(change) <= noise) if noise is not None else None
+    if within:
+        notes = [*notes, f"predicted change {change:+.1%} lies inside the noise floor ({noise:.1%})"]
+    meas = {**tgt, "error": w_p50 / tgt["step_ns_p50"] - 1} if tgt is not None else None  # --durations-from: target run
+    tok = base["step_tokens"]
+    return Prediction(w.spec, w_p50, mean, (tok / w_p50 * 1e9) if tok and w_p50 else None,
+                      critical_path_breakdown(rp.g, res, rp.primary(st), cp_steps), change, within, notes, meas,
+                      rp.by_shape(st))
 
 
 def replay(
@@ -164,108 +276,37 @@ def replay(
     gap_scale: float | None = None,
     critical_path_steps: int = 64,
     instances: pl.DataFrame | None = None,
+    graph: ReplayGraph | None = None,
 ) -> ReplayResult:
     """Replay a trace and predict what-ifs.
 
     ``what_ifs`` are spec strings (see :mod:`tracekit.replay.whatif`) or parsed
     :class:`WhatIf` objects; ``durations_from`` (a trace frame of the same
     workload) adds an ``oracle`` scenario. ``gap_scale`` fixes the CPU-gap scale
-    instead of fitting it. Step times are job-level (max over ranks per step). ``instances``: the analysis'
-    matched collective instances on the trace's clock (:meth:`AnalysisResult.instances_in_input_time`), used
-    instead of matching again (:func:`tracekit.replay.graph.build_graph`).
+    instead of fitting it. Step times are job-level (max over ranks per step), by the one definition of
+    :mod:`tracekit.analysis.steptime` (``baseline.profiled_step_ns_p50`` is analyze's ``steps.step_time``). ``instances``:
+    the analysis' matched collective instances on the trace's clock (:meth:`AnalysisResult.instances_in_input_time`),
+    used instead of matching again (:func:`tracekit.replay.graph.build_graph`); ``graph``: the trace's graph when the
+    caller built it already (next win reads its MoE structure first).
     """
     q = QualityLog()
-    combos: list[tuple[int, str]] = []  # "oracle+<spec>": oracle durations, then the spec's edits
-    wis: list[WhatIf] = []
-    for w in what_ifs:
-        if isinstance(w, str) and "oracle" in [x.strip().lower() for x in w.split("+")]:
-            if durations_from is None:
-                raise UsageError(f"what-if {w!r}: 'oracle' needs --durations-from (the trace whose durations to use)")
-            rest = "+".join(x for x in w.split("+") if x.strip().lower() != "oracle")
-            combos.append((len(wis), w))
-            wis.append(parse_whatif(rest) if rest.strip() else WhatIf(spec=w))
-        else:
-            wis.append(parse_whatif(w) if isinstance(w, str) else w)  # fail fast on bad specs
-    rp = Replayer(df, instances=instances)
-    g = rp.g
-    q.extend(g.quality)
-    obs = rp.observed_series()
-    obs_p50, obs_mean = _stats(obs)
-    base_in = inputs_from_graph(g, 1.0)
-    self_x, _st, _res = rp.step_series(base_in)
-    self_p50, _ = _stats(self_x)
-    self_err = (self_p50 - obs_p50) / obs_p50 if obs_p50 else float("nan")
+    wis, combos = _scenarios(what_ifs, durations_from)
+    rp = Replayer(df, graph=graph, instances=instances)
+    q.extend(rp.g.quality)
     ref = rp.ref_steps()
     unp: UnprofiledTiming | None = matched_timing(df, ref)
-    scale, calibrated = 1.0, False
-    if gap_scale is not None:
-        scale = float(gap_scale)
-    elif calibrate and unp is not None:
-
-        def p50_at(s: float) -> float:
-            x, _a, _b = rp.step_series(inputs_from_graph(g, s))
-            return float(np.median(x))
-
-        scale, _v = fit_gap_scale(p50_at, unp.p50)
-        calibrated = True
-        if scale == 0.0:
-            q.add("replay_calibration_floor", "even with zero CPU gaps the replay is slower than the unprofiled "
-                  "timing (GPU-bound, or kernels slowed by the profiler); calibration scale is 0", severity="info")
-    elif unp is None:
-        q.add("replay_uncalibrated", "trace has no unprofiled step timings (kind=step, profiled=false): replay is "
-              "uncalibrated and includes profiler overhead; capture with tracekit to record them")
-    base_in = inputs_from_graph(g, scale)
-    bx, bst, bres = rp.step_series(base_in)
-    b_p50, b_mean = _stats(bx)
-    tok = rp.tokens_p50() or (unp.tokens_p50 if unp else None)
+    scale, calibrated = _fit(rp, unp, calibrate, gap_scale, q)
+    base_in = inputs_from_graph(rp.g, scale)
+    baseline, _bsim = _baseline(rp, unp, base_in, critical_path_steps)
+    tgt = measure(durations_from, ref) if isinstance(durations_from, pl.DataFrame) else None
     noise = unp.noise if unp else None
-    baseline = {
-        "step_ns_p50": b_p50,
-        "step_ns_mean": b_mean,
-        "measured_step_ns_p50": unp.p50 if unp else obs_p50,
-        "measured_step_ns_mean": unp.mean if unp else obs_mean,
-        "measured_is_unprofiled": unp is not None,
-        "profiled_step_ns_p50": obs_p50,
-        "self_replay_step_ns_p50": self_p50,
-        "self_replay_error": self_err,
-        "calibrated_error": ((b_p50 - unp.p50) / unp.p50) if unp else None,
-        "tokens_per_s": (tok / b_p50 * 1e9) if tok and b_p50 else None,
-        "critical_path_ns": critical_path_breakdown(g, bres, rp.primary(bst), critical_path_steps),
-        "n_steps": int(bx.size),
-        "by_shape": rp.by_shape(bst),
-        "step_mode": rp.mode,
-        "step_tokens": rp.tokens,
-    }
-    scen: list[WhatIf] = list(wis)
-    oracle_w: WhatIf | None = None
-    if durations_from is not None:
-        tg = durations_from if isinstance(durations_from, ReplayGraph) else build_graph(durations_from)
-        oracle_w = oracle_whatif(g, tg)
-        for i, spec in combos:  # the oracle's substitutions first, then the spec's own edits
-            scen[i] = WhatIf(spec=spec, edits=[*oracle_w.edits, *scen[i].edits], notes=[*oracle_w.notes,
-                                                                                      *scen[i].notes])
-        if not any(w.spec == "oracle" for w in scen):
-            scen.append(oracle_w)
-    preds: list[Prediction] = []
-    tgt_measured = measure(durations_from, ref) if isinstance(durations_from, pl.DataFrame) else None
-    for w in scen:
-        inp, notes = w.apply(g, base_in)
-        x, st, res = rp.step_series(inp)
-        p50, mean = _stats(x)
-        change = (p50 - b_p50) / b_p50 if b_p50 else float("nan")
-        within = (abs(change) <= noise) if noise is not None else None
-        if within:
-            notes = [*notes, f"predicted change {change:+.1%} lies inside the noise floor ({noise:.1%})"]
-        meas = None
-        if tgt_measured is not None:  # --durations-from is the target run: every scenario is compared with it
-            meas = {**tgt_measured, "error": p50 / tgt_measured["step_ns_p50"] - 1}
-        preds.append(Prediction(w.spec, p50, mean, (tok / p50 * 1e9) if tok and p50 else None,
-                                critical_path_breakdown(g, res, rp.primary(st), critical_path_steps), change, within, notes,
-                                meas, rp.by_shape(st)))
+    preds = [_predict(rp, w, base_in, baseline, noise, tgt, critical_path_steps)
+             for w in _with_oracle(rp, wis, combos, durations_from)]
     noise_d = None
     if unp is not None:
         noise_d = {"relative": unp.noise, "halves_ns": list(unp.halves_ns) if unp.halves_ns else None,
                    "n_steps": int(unp.step_ns.size), "matched": unp.matched}
+    g = rp.g
     graph_info = {"vertices": g.n_vertices, "edges": g.n_edges, "gpu_ops": g.ops.height,
                   "collective_instances": g.instances.height, "ranks": g.ranks,
                   "typical": {str(k): v for k, v in g.typical.items()}}

@@ -40,6 +40,7 @@ from tracekit._errors import InputError, QualityLog
 from tracekit.core import blocking as _blocking
 from tracekit.core.collectives import collective_ops, match_collectives
 from tracekit.dtypes import dtype_bytes_expr
+from tracekit.replay.shapes import gemm_weight_bytes
 from tracekit.schema import CATEGORIES, GPU_OP_KINDS
 
 __all__ = [
@@ -88,8 +89,9 @@ class ReplayGraph:
 
     Vertex arrays are indexed by vertex id, edge arrays by edge id. ``ops`` has
     one row per GPU op (``vid`` = its vertex) with name, category, family,
-    stream, rank, step ordinal, occurrence index within (rank, step, name) and
-    collective instance; ``steps`` one row per profiled step and rank with its
+    stream, rank, step ordinal, occurrence index within (rank, step, name),
+    collective instance and ``w_bytes`` (weight bytes of a GEMM kernel whose operator recorded shapes, else
+    null); ``steps`` one row per profiled step and rank with its
     marker vertices; ``instances`` one row per collective instance.
     """
 
@@ -250,6 +252,7 @@ def build_graph(df: pl.DataFrame, instances: pl.DataFrame | None = None) -> Repl
         raise InputError("trace has no CUDA runtime rows; capture with CUDA activities (torch.profiler CUDA) to replay")
     ranks = sorted(int(x) for x in gpu_all.get_column("rank").unique().to_list())
     del gpu_all
+    wb = gemm_weight_bytes(df)  # weight bytes of GEMM kernels with recorded shapes (structural what-ifs)
     keep = [c for c in _COLS if c in df.columns]
     df = df.filter(kind_s.is_in(list(REPLAY_KINDS))).select(keep)
     origin = int(df.select(pl.col("ts_ns").min()).item())
@@ -262,6 +265,8 @@ def build_graph(df: pl.DataFrame, instances: pl.DataFrame | None = None) -> Repl
         per_rank.append(_rank_vertices(b, parts.pop(rank), rank, origin, q))
 
     ops = pl.concat([p["ops"] for p in per_rank], how="vertical_relaxed")
+    ops = ops.join(wb.select(pl.col("rank").cast(pl.Int32), (pl.col("ts_ns") - origin).alias("ts"), "w_bytes")
+                   .unique(["rank", "ts"]), on=["rank", "ts"], how="left", maintain_order="left")
     instances, op_inst = _collective_instances(ops, q, len(ranks), origin, matched)
     ops = ops.with_columns(pl.Series("inst", op_inst))
     # rendezvous vertices
@@ -759,6 +764,19 @@ def _last_on_stream_before(o_lts: np.ndarray, o_ts: np.ndarray, stream: np.ndarr
     return out
 
 
+def _pageable_copies_block(kinds: pl.Series, r_corr: np.ndarray, ops: pl.DataFrame) -> pl.Series:
+    """An async copy call whose copy is device → pageable host memory returns only when the copy is done (CUDA
+    stages it through a bounce buffer): it blocks like a synchronous copy (``self``). ``.tolist()``/``.cpu()``
+    readbacks are such copies."""
+    name = ops.get_column("name").cast(pl.String).fill_null("")
+    sync_copy = name.str.contains("DtoH").to_numpy() & name.str.contains("Pageable").to_numpy()
+    if not sync_copy.any():
+        return kinds
+    corr = set(ops.get_column("correlation").fill_null(-1).to_numpy()[sync_copy].tolist())
+    hit = np.isin(r_corr, list(corr)) & (kinds == "").to_numpy()
+    return pl.Series(kinds.name, np.where(hit, "self", kinds.to_numpy()), dtype=pl.String)
+
+
 def _cpu_edges(b: _Builder, p: dict[str, Any], ops: pl.DataFrame, o_lts: np.ndarray, o_end_vid: np.ndarray,
                o_end_obs: np.ndarray, o_from_end: np.ndarray, stream: np.ndarray, q: QualityLog) -> dict[str, int]:
     """The host chain's edges: each blocking call's sync-end vertex with its self and wait edges (the waited GPU ops:
@@ -818,6 +836,7 @@ def _waited_ops(p: dict[str, Any], ops: pl.DataFrame, o_lts: np.ndarray, stream:
     names_s = p["rt_names"]
     r_corr = p["rt"].get_column("correlation").fill_null(-1).to_numpy()
     kinds_s = names_s.to_frame("n").select(_blocking.blocking_kind_expr(pl.col("n"))).to_series()
+    kinds_s = _pageable_copies_block(kinds_s, r_corr, ops)
     blk = np.flatnonzero((kinds_s != "").to_numpy())
     k = kinds_s.gather(blk).to_numpy() if blk.size else np.zeros(0, object)
     o_ts = _np(ops.get_column("ts"))

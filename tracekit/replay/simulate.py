@@ -16,6 +16,7 @@ import numpy as np
 import polars as pl
 
 from tracekit._errors import InputError
+from tracekit.analysis.steptime import gpu_part_expr, prev_gpu_end, step_ns_expr
 from tracekit.replay.graph import (
     ET_CPU,
     ET_EVENT,
@@ -201,39 +202,62 @@ def _op_end(g: ReplayGraph, t: np.ndarray, dur: np.ndarray) -> np.ndarray:
     end: np.ndarray = t[vid] + dur[vid]
     coll = inst >= 0
     end[coll] = t[g.inst_rdv[inst[coll]]]
-    return end
+    return np.asarray(end)
 
 
 def step_times(g: ReplayGraph, t: np.ndarray | None, dur: np.ndarray | None = None) -> pl.DataFrame:
-    """Per (rank, step): start, completion (max of the end marker and the step's GPU op ends) and duration.
+    """Per (rank, step): the step's time by the one definition (:func:`tracekit.analysis.steptime.step_ns_expr`):
+    the larger of its host range (start marker → end marker) and its GPU part (from its start, or the end of the
+    rank's earlier steps' GPU work if later, to its last op's end; a collective ends at its rendezvous). ``start``/``end``/``start_vertex``/``end_vertex`` are those of the
+    larger one (the critical path walks from ``end_vertex`` back to ``start_vertex``); ``host_ns`` is the host range
+    alone (what a program's own clock around the step measures); ``gpu_ops`` counts the ops.
 
-    With ``t=None`` the observed times are used (GPU op ends as recorded).
+    With ``t=None`` the observed times are used (GPU op ends as recorded): analyze's ``step_ns``.
     """
     if g.steps.height == 0:
-        return pl.DataFrame(schema={"rank": pl.Int32, "step_ord": pl.Int64, "start": pl.Int64, "end": pl.Int64,
-                                    "dur_ns": pl.Int64, "end_vid": pl.Int64})
+        return pl.DataFrame(schema={"rank": pl.Int32, "step_ord": pl.Int64, "step_id": pl.Int64, "tokens": pl.Int64,
+                                    "start": pl.Int64, "end": pl.Int64, "dur_ns": pl.Int64, "host_ns": pl.Int64,
+                                    "start_vertex": pl.Int64,
+                                    "end_vertex": pl.Int64, "_gpu_last": pl.Boolean, "gpu_ops": pl.UInt32})
+    vid = g.ops.get_column("vid").to_numpy()
     if t is None:
         tt = g.vobs
-        vid = g.ops.get_column("vid").to_numpy()
         ends = g.vobs[vid] + g.vdur[vid]
     else:
         tt = t
         ends = _op_end(g, t, g.vdur if dur is None else dur)
-    ops = pl.DataFrame({"rank": g.ops.get_column("rank"), "step_ord": g.ops.get_column("step_ord"),
-                        "end": ends, "vid": g.ops.get_column("vid")})
-    last = (ops.filter(pl.col("step_ord") >= 0).sort("end")
-            .group_by(["rank", "step_ord"]).agg(pl.col("end").last().alias("gpu_end"), pl.col("vid").last()))
+    every = pl.DataFrame({"rank": g.ops.get_column("rank"), "step_ord": g.ops.get_column("step_ord"),
+                          "t0": tt[vid], "end": ends, "vid": g.ops.get_column("vid")})
+    ops = every.filter(pl.col("step_ord") >= 0)
+    span = ops.group_by(["rank", "step_ord"]).agg(
+        pl.col("t0").min().alias("gpu_start"), pl.col("vid").sort_by("t0").first().alias("first_vid"),
+        pl.col("end").max().alias("gpu_end"), pl.col("vid").sort_by("end").last().alias("last_vid"),
+        pl.len().alias("gpu_ops"))
     st = g.steps.select("rank", "step_ord", "step_id", "tokens", "start_vid", "end_vid")
-    st = st.with_columns(pl.Series("start", tt[st.get_column("start_vid").to_numpy()]),
-                         pl.Series("marker_end", tt[st.get_column("end_vid").to_numpy()]))
-    st = st.join(last, on=["rank", "step_ord"], how="left")
+    st = st.with_columns(pl.Series("m0", tt[st.get_column("start_vid").to_numpy()]),
+                         pl.Series("m1", tt[st.get_column("end_vid").to_numpy()]))
+    st = st.join(span, on=["rank", "step_ord"], how="left").with_columns(pl.col("gpu_ops").fill_null(0))
+    st = st.sort(["rank", "step_ord"])
+    outside = every.filter(pl.col("step_ord") < 0).select("rank", pl.col("t0").alias("start"), "end")
+    st = st.with_columns(prev_gpu_end(st.select("rank", pl.col("m0").alias("start"), "gpu_end"), outside).alias("_prev"),
+                         pl.col("last_vid").shift(1).over("rank").alias("_prev_vid"))
+    part = gpu_part_expr(pl.col("m0"), pl.col("gpu_start"), pl.col("gpu_end"), pl.col("_prev"))
+    gpu = part.fill_null(NEG) > (pl.col("m1") - pl.col("m0"))
+    # the GPU part starts where earlier steps' work ended (backlog), or at the first op (a rank's first step)
+    backlog = pl.col("_prev").fill_null(NEG) > pl.col("m0")
+    first = pl.col("_prev").is_null()
     st = st.with_columns(
-        pl.max_horizontal("marker_end", pl.col("gpu_end").fill_null(NEG)).alias("end"),
-        pl.when(pl.col("gpu_end").fill_null(NEG) > pl.col("marker_end")).then(pl.col("vid"))
-        .otherwise(pl.col("end_vid")).alias("end_vertex"),
-        (pl.col("gpu_end").fill_null(NEG) > pl.col("marker_end")).alias("_gpu_last"),
-    ).with_columns((pl.col("end") - pl.col("start")).alias("dur_ns"))
-    return st.select("rank", "step_ord", "step_id", "tokens", "start", "end", "dur_ns", "end_vertex", "_gpu_last")
+        pl.when(gpu).then(pl.col("gpu_end") - part).otherwise(pl.col("m0")).alias("start"),
+        pl.when(gpu).then(pl.col("gpu_end")).otherwise(pl.col("m1")).alias("end"),
+        pl.when(gpu & first).then(pl.col("first_vid")).when(gpu & backlog).then(pl.col("_prev_vid"))
+        .otherwise(pl.col("start_vid")).alias("start_vertex"),
+        pl.when(gpu).then(pl.col("last_vid")).otherwise(pl.col("end_vid")).alias("end_vertex"),
+        gpu.alias("_gpu_last"),
+        step_ns_expr(pl.col("m1") - pl.col("m0"), part).alias("dur_ns"),
+        (pl.col("m1") - pl.col("m0")).alias("host_ns"),
+    )
+    return st.select("rank", "step_ord", "step_id", "tokens", "start", "end", "dur_ns", "host_ns", "start_vertex",
+                     "end_vertex", "_gpu_last", "gpu_ops")
 
 
 def critical_path_breakdown(g: ReplayGraph, res: SimResult, steps: pl.DataFrame,
@@ -259,19 +283,15 @@ def critical_path_breakdown(g: ReplayGraph, res: SimResult, steps: pl.DataFrame,
     etype = g.etype
     vkind, vcat = g.vkind, g.vcat
     efrom = g.efrom_end
-    # choose, per step ordinal, the rank whose step ended last
-    sel = steps.sort("end").group_by("step_ord", maintain_order=True).agg(pl.all().last()).sort("step_ord")
+    # choose, per step ordinal, the rank whose step took longest (the job step's time)
+    sel = steps.sort("dur_ns").group_by("step_ord", maintain_order=True).agg(pl.all().last()).sort("step_ord")
     if sel.height > max_steps:
         idx = np.linspace(0, sel.height - 1, max_steps).astype(int)
         sel = sel[idx]
-    start_vid = g.steps.join(sel.select("rank", "step_ord"), on=["rank", "step_ord"]).sort("step_ord")
-    starts = dict(zip(start_vid.get_column("step_ord").to_list(), start_vid.get_column("start_vid").to_list()))
     n = 0
-    for so, endv, gpu_last in zip(sel.get_column("step_ord").to_list(), sel.get_column("end_vertex").to_list(),
+    for sv, endv, gpu_last in zip(sel.get_column("start_vertex").to_list(), sel.get_column("end_vertex").to_list(),
                                   sel.get_column("_gpu_last").to_list()):
-        sv = starts.get(so)
-        if sv is None:
-            continue
+        sv = int(sv)
         t0 = int(t[sv])
         v = int(endv)
         n += 1

@@ -12,9 +12,11 @@ quoted, ``re:'fused.+moe'=0.5``, or writes it ``\\+`` for a literal plus: :func:
   is ``allreduce``, ``allgather``, ``reduce_scatter``, ``all2all``, ``broadcast``
   or ``all``.
 * ``no-host-sync`` — GPU→CPU sync waits removed (the calls keep their own cost).
+* ``grouped-experts`` — every per-expert MoE loop becomes one grouped block (:mod:`tracekit.replay.structural`).
 * ``cuda-graph[:node=0.3us,launch=10us]`` — CUDA-graph emulation of every step
   range (the forward): its host calls and gaps collapse into one launch of cost
-  ``launch``, kernels chain on their streams with per-node overhead ``node``.
+  ``launch`` (default: :data:`GRAPH_LAUNCH_HOST_FRACTION` of the step's eager host
+  time), kernels chain on their streams with per-node overhead ``node``.
 * oracle substitution is not a spec: see :func:`oracle_whatif` (``--durations-from``).
 """
 
@@ -29,19 +31,23 @@ import numpy as np
 import polars as pl
 
 from tracekit._errors import UsageError
-from tracekit.core._num import as_int
 from tracekit.replay.fabric import Fabric, parse_fabric
 from tracekit.replay.graph import ET_CPU, ET_SYNC_SELF, ET_SYNC_WAIT, VK_CPU, VK_STEP_START, ReplayGraph
 from tracekit.replay.simulate import SimInputs
 from tracekit.schema import CATEGORIES
 
-__all__ = ["WhatIf", "parse_whatif", "oracle_whatif", "GRAPH_NODE_NS", "GRAPH_LAUNCH_NS"]
+__all__ = ["WhatIf", "parse_whatif", "oracle_whatif", "GRAPH_NODE_NS", "GRAPH_LAUNCH_NS", "GRAPH_LAUNCH_HOST_FRACTION"]
 
 #: CUDA-graph per-node overhead δ_g on H200 (replay_model.md §6: 0.27–0.33 µs).
 GRAPH_NODE_NS = 300
-#: Unprofiled cudaGraphLaunch cost. Not measured in the pilot (its profiled 322–516 µs must not be used);
-#: 10 µs is an assumption — calibrate it on an unprofiled graph-mode timing (``graph_launch_from``).
+#: Unprofiled cudaGraphLaunch cost when given as a constant (``cuda-graph:launch=…``); the pilot did not measure it
+#: (its profiled 322–516 µs must not be used).
 GRAPH_LAUNCH_NS = 10_000
+#: Default graph launch cost: this fraction of the step's eager host time at the calibrated scale. Measured on one
+#: H200 (truth pair a_tk_grouped → a_tk_grouped_graph, tests/replay/truth): the graph step ran 1.90 ms on one host and
+#: 2.06 ms on a 1.76x slower one for the same kernels, so the launch's host cost scales with the host, and with the
+#: nodes (about one per eager launch). Checked on the other host's pair and on the 2xH200 graphs fixture.
+GRAPH_LAUNCH_HOST_FRACTION = 0.016
 
 _COLL_ALIASES = {
     "allreduce": "allreduce", "all_reduce": "allreduce", "allgather": "allgather", "all_gather": "allgather",
@@ -90,8 +96,8 @@ def _scale_edit(target: str, factor: float, spec: str) -> Callable[[ReplayGraph,
     def edit(g: ReplayGraph, inp: SimInputs, notes: list[str]) -> None:
         m = _ops_mask(g, target, spec)
         if not m.any():
-            notes.append(f"{spec}: matched no GPU op")
-            return
+            raise UsageError(f"what-if {spec!r}: {target!r} names no GPU op of this trace; list its categories and "
+                             "families with `tracekit analyze` (top kernels)")
         vid = g.ops.get_column("vid").to_numpy()
         inst = g.ops.get_column("inst").to_numpy()
         coll = inst >= 0
@@ -108,15 +114,13 @@ def _fabric_edit(coll: str, fab: Fabric, spec: str) -> Callable[[ReplayGraph, Si
     def edit(g: ReplayGraph, inp: SimInputs, notes: list[str]) -> None:
         inst = g.instances
         if inst.height == 0:
-            notes.append(f"{spec}: trace has no collectives")
-            return
+            raise UsageError(f"what-if {spec!r}: the trace has no collectives to put on another fabric")
         names = inst.get_column("coll_name").fill_null("").str.to_lowercase().str.replace_all("_", "").to_list()
         fams = inst.get_column("family").fill_null("").to_list()
         sel = [i for i, (n, f) in enumerate(zip(names, fams))
                if not coll or coll in n or f.replace("_", "").startswith(coll)]
         if not sel:
-            notes.append(f"{spec}: matched no collective")
-            return
+            raise UsageError(f"what-if {spec!r}: the trace has no {coll or 'collective'} collectives")
         nbytes = inst.get_column("bytes").to_list()
         gsize = inst.get_column("group_size").fill_null(1).to_list()
         done = missing = 0
@@ -134,42 +138,74 @@ def _fabric_edit(coll: str, fab: Fabric, spec: str) -> Callable[[ReplayGraph, Si
     return edit
 
 
+def _step_slot(g: ReplayGraph, call: np.ndarray) -> np.ndarray:
+    """Per host call: ordinal of the rank's latest step that started at or before it (-1 before the first step)."""
+    st = g.steps.select("rank", "step_ord", "start_vid").sort(["rank", "step_ord"])
+    out = np.full(call.size, -1, np.int64)
+    for r in np.unique(g.vrank[call]):
+        rows = st.filter(pl.col("rank") == int(r))
+        starts = g.vobs[rows.get_column("start_vid").to_numpy()]
+        m = g.vrank[call] == r
+        k = np.searchsorted(starts, g.vobs[call[m]], side="right") - 1
+        out[m] = np.where(k >= 0, rows.get_column("step_ord").to_numpy()[np.maximum(k, 0)], -1)
+    return out
+
+
 def _no_sync_edit(g: ReplayGraph, inp: SimInputs, notes: list[str]) -> None:
-    """Remove the GPU→CPU waits inside each step; keep the last one of each step (per rank).
+    """Remove the host syncs of each step but its last: their GPU→CPU waits and the calls' own cost.
 
-    The last sync of a step is where the host takes the step's result (the sampled tokens, a loss): the next step
-    needs it, so removing it is not "removing a host sync" but overlapping steps (an async scheduler), which this
-    what-if does not claim. Without it, the host ran ahead by every remaining step and each step's time counted the
-    queue of the steps before it (a 2xH200 capture: 9.4 ms per step predicted as 104 ms)."""
-    m = g.etype == ET_SYNC_WAIT
-    keep = np.zeros(m.size, bool)
+    A step's syncs are the blocking calls from its start to the next step's start (so a readback right after the
+    step's range is the step's). The last one is where the host takes the step's result (the sampled tokens): the
+    next step needs it, so removing it is not "removing a host sync" but overlapping steps (an async scheduler),
+    which this what-if does not claim; syncs before the first step stay too. Without that rule the host ran ahead
+    by every remaining step (a 2xH200 capture: 9.4 ms per step predicted as 104 ms)."""
     self_e = np.flatnonzero(g.etype == ET_SYNC_SELF)
-    if self_e.size and m.any():
-        z, call = g.edst[self_e], g.esrc[self_e]
-        reg = g.vregion[call]
-        inside = reg >= 0
-        if inside.any():
-            zs = pl.DataFrame({"z": z[inside], "rank": g.vrank[call][inside], "reg": reg[inside], "t": g.vobs[z[inside]]})
-            last = zs.sort("t").group_by("rank", "reg").agg(pl.col("z").last())["z"].to_numpy()
-            keep = m & np.isin(g.edst, last)
-    drop = m & ~keep
+    m = g.etype == ET_SYNC_WAIT
+    if self_e.size == 0 or not m.any():
+        raise UsageError("what-if 'no-host-sync': the trace has no host syncs (blocking CUDA calls) to remove")
+    z, call = g.edst[self_e], g.esrc[self_e]
+    slot = _step_slot(g, call)
+    zs = pl.DataFrame({"z": z, "rank": g.vrank[call], "slot": slot, "t": g.vobs[z]})
+    last = zs.sort("t").group_by("rank", "slot").agg(pl.col("z").last())["z"].to_numpy()
+    gone = z[(slot >= 0) & ~np.isin(z, last)]
+    if gone.size == 0:
+        raise UsageError("what-if 'no-host-sync': the trace's only host syncs are each step's last (where the host "
+                         "takes the step's result); there is no sync to remove")
+    drop = m & np.isin(g.edst, gone)
     inp.enabled[drop] = False
-    notes.append(f"no-host-sync: removed {int(drop.sum())} GPU→CPU wait edges inside steps "
-                 f"(kept {int(keep.sum())}: each step's last sync, where the host takes its result)")
+    inp.efix[np.flatnonzero((g.etype == ET_SYNC_SELF) & np.isin(g.edst, gone))] = 0
+    inp.vdur[call[np.isin(z, gone)]] = 0
+    notes.append(f"no-host-sync: removed {gone.size} host syncs inside steps ({int(drop.sum())} GPU→CPU waits, and "
+                 f"the calls' own time); kept each step's last ({last.size}), where the host takes its result")
 
 
-def _graph_edit(node_ns: int, launch_ns: int) -> Callable[[ReplayGraph, SimInputs, list[str]], None]:
+def _region_host_ns(g: ReplayGraph, inp: SimInputs) -> np.ndarray:
+    """Per step range: the host's time in it at the inputs' CPU-gap scale (calls' own time + program-order gaps)."""
+    reg = g.vregion
+    n = int(reg.max()) + 1 if reg.size and reg.max() >= 0 else 0
+    out = np.zeros(max(n, 0), np.float64)
+    v = np.flatnonzero((g.vkind == VK_CPU) & (reg >= 0))
+    np.add.at(out, reg[v], inp.vdur[v])
+    e = np.flatnonzero((g.etype == ET_CPU) & (reg[g.edst] >= 0) & inp.enabled)
+    np.add.at(out, reg[g.edst[e]], np.maximum(inp.efix[e] + inp.egap[e] * inp.gap_scale, 0))
+    return out
+
+
+def _graph_edit(node_ns: int, launch_ns: int | None) -> Callable[[ReplayGraph, SimInputs, list[str]], None]:
     def edit(g: ReplayGraph, inp: SimInputs, notes: list[str]) -> None:
         reg = g.vregion
         if not (reg >= 0).any():
-            notes.append("cuda-graph: no step ranges in the trace; nothing to capture")
-            return
-        # host side: calls and gaps inside each step collapse; the launch costs launch_ns
+            raise UsageError("what-if 'cuda-graph': the trace has no step ranges to capture as graphs")
+        # host side: calls and gaps inside each step collapse; the launch costs launch_ns, by default a fraction
+        # of the step's calibrated eager host time (GRAPH_LAUNCH_HOST_FRACTION)
+        host = _region_host_ns(g, inp)
         cpu_e = (g.etype == ET_CPU) & (reg[g.edst] >= 0)
         inp.efix[cpu_e] = 0
         inp.egap[cpu_e] = 0
-        first = cpu_e & (g.vkind[g.esrc] == VK_STEP_START)
-        inp.efix[first] = launch_ns
+        first = np.flatnonzero(cpu_e & (g.vkind[g.esrc] == VK_STEP_START))
+        cost = (np.full(first.size, launch_ns, np.int64) if launch_ns is not None
+                else np.rint(host[reg[g.edst[first]]] * GRAPH_LAUNCH_HOST_FRACTION).astype(np.int64))
+        inp.efix[first] = cost
         inp.vdur[(g.vkind == VK_CPU) & (reg >= 0)] = 0
         # GPU side: first op per (rank, stream, step) launched with the graph, the rest chained by node_ns
         ops = g.ops.with_columns(pl.Series("_reg", reg[g.ops.get_column("vid").to_numpy()]))
@@ -186,8 +222,11 @@ def _graph_edit(node_ns: int, launch_ns: int) -> Callable[[ReplayGraph, SimInput
         inp.enabled[rl[rl >= 0]] = False
         rf = rest.get_column("fifo_eid").to_numpy()
         inp.efix[rf[rf >= 0]] = node_ns
+        how = (f"launch {launch_ns / 1e3:g} us" if launch_ns is not None else
+               f"launch {GRAPH_LAUNCH_HOST_FRACTION:.1%} of the step's eager host time (median "
+               f"{float(np.median(cost)) / 1e3:.0f} us)")
         notes.append(f"cuda-graph: {ops.height} ops in {int(first_rows.get_column('_reg').n_unique())} step ranges, "
-                     f"launch {launch_ns / 1e3:g} us, node {node_ns / 1e3:g} us")
+                     f"{how}, node {node_ns / 1e3:g} us")
     return edit
 
 
@@ -247,8 +286,14 @@ def parse_whatif(spec: str) -> WhatIf:
         if low in ("no-host-sync", "no-sync", "remove-syncs", "nosync"):
             w.edits.append(_no_sync_edit)
             continue
+        if low in ("grouped-experts", "grouped_experts", "grouped-moe"):
+            from tracekit.replay.structural import grouped_experts_edit
+
+            w.edits.append(grouped_experts_edit)
+            continue
         if low.startswith(("cuda-graph", "cudagraph", "graph")):
-            node, launch = GRAPH_NODE_NS, GRAPH_LAUNCH_NS
+            node = GRAPH_NODE_NS
+            launch: int | None = None
             _, _, opts = part.partition(":")
             for o in [x.strip() for x in opts.split(",") if x.strip()]:
                 k, _, v = o.partition("=")
@@ -263,18 +308,22 @@ def parse_whatif(spec: str) -> WhatIf:
         lhs, eq, rhs = part.partition("=")
         if not eq or not lhs or not rhs:
             raise UsageError(f"what-if {spec!r}: expected TARGET=FACTOR (moe_gemm=0.33), "
-                             "COLLECTIVE=bw:400GB/s,lat:5us, no-host-sync or cuda-graph")
+                             "COLLECTIVE=bw:400GB/s,lat:5us, no-host-sync, grouped-experts or cuda-graph")
         lhs, rhs = lhs.strip(), rhs.strip()
+        factor: float | None
         try:
             factor = float(rhs.lstrip("x×"))
         except ValueError:
             factor = None
         if factor is not None:
-            if not math.isfinite(factor) or not 0 <= factor <= MAX_FACTOR:
-                raise UsageError(f"what-if {spec!r}: factor must be a finite number in 0..{MAX_FACTOR:g} (e.g. 0.5)")
+            if not math.isfinite(factor) or not 0 < factor <= MAX_FACTOR:
+                raise UsageError(f"what-if {spec!r}: factor must be a finite number in (0, {MAX_FACTOR:g}] "
+                                 "(e.g. 0.5 for twice as fast)")
             w.edits.append(_scale_edit(lhs, factor, spec))
             continue
         coll = _COLL_ALIASES.get(lhs.lower())
+        if coll is None and (lhs in CATEGORIES or lhs.startswith("re:") or "." in lhs):
+            raise UsageError(f"what-if {spec!r}: factor {rhs!r} is not a number (e.g. {lhs}=0.5)")
         if coll is None:
             raise UsageError(f"what-if {spec!r}: {lhs!r} is not a collective ({', '.join(_COLL_ALIASES)}); "
                              "fabric models apply to collectives")
@@ -299,7 +348,8 @@ def oracle_whatif(g: ReplayGraph, target: ReplayGraph, spec: str = "oracle") -> 
     """
     base = g.ops.select("rank", "step_ord", "name", "occ", "vid", "inst")
     tgt = target.ops.select("rank", "step_ord", "name", "occ", "dur", "inst")
-    n_t = max(as_int(target.ops.get_column("step_ord").max() or 0) + 1, 1)
+    so = target.ops.get_column("step_ord").to_numpy()
+    n_t = max(int(so.max()) + 1 if so.size else 1, 1)
     base = base.with_columns(
         pl.when(pl.col("step_ord") >= 0).then(pl.col("step_ord") % n_t).otherwise(-1).alias("_tso"))
     t_plain = tgt.filter(pl.col("inst") < 0)
