@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tracekit.advice.nextwin import candidates, next_win_finding
+from tracekit.advice.nextwin import candidates, next_win_finding, structural_changes
+from tracekit.replay.structural import Structure
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
 
@@ -18,13 +19,25 @@ def test_candidates_follow_the_verdicts():
                              "fusion_saving_ns_per_step": 60_000, "calls_per_step": 5}]}
     meta = {"ranks": [{"rank": 0, "device_name": "NVIDIA H200"}], "capture": {"workload": {"serve": {"cuda_graphs": False}}}}
     specs, skipped = candidates(res, meta)
-    assert [s for s, _ in specs] == ["moe_gemm=0.200", "no-host-sync", "cuda-graph", "allreduce=bw:450GB/s,lat:8us"]
+    assert [s for s, _ in specs] == ["moe_gemm=0.200", "allreduce=bw:450GB/s,lat:8us"]
     assert any(x["what"].startswith("allreduce fusion") for x in skipped)
-    meta["capture"]["workload"]["serve"]["cuda_graphs"] = True
     res["moe_gemm"]["ranks"][0]["roofline_pct_max"] = 100.0
     specs, skipped = candidates(res, meta)
-    assert "cuda-graph" not in [s for s, _ in specs] and not any(s.startswith("moe_gemm") for s, _ in specs)
-    assert {x["what"] for x in skipped} >= {"CUDA graphs", "MoE GEMM at its roofline"}
+    assert not any(s.startswith("moe_gemm") for s, _ in specs)
+    assert "MoE GEMM at its roofline" in {x["what"] for x in skipped}
+
+
+def test_structural_changes_state_what_they_need():
+    # a host-synced per-expert loop: grouped experts; its syncs go with it; graphs need the loop grouped first
+    ch, skipped = structural_changes(Structure(loop_blocks=4, loop_syncs=480, other_syncs=0, graph_launches=0), None)
+    assert [(c.spec, c.needs) for c in ch] == [("grouped-experts", ()), ("grouped-experts+cuda-graph", ("grouped experts",))]
+    assert any(x["what"] == "host syncs removed" and "per-expert loop" in x["why"] for x in skipped)
+    # syncs outside any loop: removable; graphs need them gone
+    ch, _ = structural_changes(Structure(0, 0, 12, 0), None)
+    assert [(c.spec, c.needs) for c in ch] == [("no-host-sync", ()), ("no-host-sync+cuda-graph", ("host syncs removed",))]
+    # a graph capture: no graph what-if
+    ch, skipped = structural_changes(Structure(0, 0, 0, 400), None)
+    assert ch == [] and any(x["what"] == "CUDA graphs" for x in skipped)
 
 
 def test_cpu_mode_says_why_not():
@@ -48,8 +61,13 @@ def test_fixtures_rank_replayed_gains(name):
     assert top["step_ns_p50"] < nw["baseline"]["step_ns_p50"] and top["tokens_per_s"] > nw["baseline"]["tokens_per_s"]
     f = [x for x in res["findings"] if x.startswith("Next win")]
     assert len(f) == 1 and f"1. {top['what']}: step" in f[0] and "tokens/s" in f[0]
-    if name == "loop":  # launch-bound per-expert loop: CUDA graphs first
-        assert top["what"] == "CUDA graphs"
+    if name == "loop":  # a host-synced per-expert loop: grouped experts first; graphs only after it (they need it)
+        assert top["what"] == "grouped experts" and not top["needs"]
+        assert all(not r["what"].startswith("CUDA graphs") for r in nw["rows"])
+        then = top.get("then") or []
+        assert [t["what"] for t in then] == ["CUDA graphs"] and "grouped experts" in then[0]["needs"]
+        assert "1. grouped experts: step" in f[0] and "then CUDA graphs (needs grouped experts" in f[0]
+        assert top["confidence"]["kind"] == "grouped-experts" and "replay was within" in f[0]
 
 
 
@@ -89,6 +107,7 @@ def test_sampled_replay_matches_whole_trace(tiled: Path, monkeypatch: pytest.Mon
     from tracekit.replay.api import Replayer
     from tracekit.replay.simulate import inputs_from_graph
     from tracekit.replay.whatif import parse_whatif
+    from tracekit.analysis.steptime import p50
     from tracekit.schema import read_trace
 
     monkeypatch.setattr(nw, "REPLAY_ROWS", 100_000)
@@ -96,21 +115,22 @@ def test_sampled_replay_matches_whole_trace(tiled: Path, monkeypatch: pytest.Mon
     rep = part["baseline"]["replayed"]
     assert part["status"] == "ok" and not rep["whole"] and rep["of_steps"] == 720 and len(rep["stretches"]) == nw.REPLAY_SEGMENTS
     assert 20 <= rep["steps"] <= nw.REPLAY_STEPS and rep["rows"] <= 1.2 * nw.REPLAY_ROWS
-    assert [r["spec"] for r in part["rows"]] == ["cuda-graph"]  # as the whole-trace replay ranks them
+    # the built-in per-expert loop: grouped experts (graphs need it first), as the whole-trace replay ranks them
+    assert [r["spec"] for r in part["rows"]] == ["grouped-experts"]
     df, meta = read_trace(tiled)
     sel = np.concatenate([np.arange(a + (1 if a else 0), b) for a, b in rep["stretches"]])  # the measured job steps
     assert sel.size == rep["steps"]
     rw = Replayer(df)
-    assert part["baseline"]["step_ns_p50"] == pytest.approx(float(np.median(rw.observed_series()[sel])), rel=1e-3)
+    assert part["baseline"]["step_ns_p50"] == pytest.approx(p50(rw.observed_series()[sel]), rel=1e-3)
     sample, info = nw.replay_rows(df.lazy(), [0, 1], df.height)
     assert info == rep
 
     def series(rp: Replayer) -> np.ndarray:
-        x, _st, _r = rp.step_series(parse_whatif("cuda-graph").apply(rp.g, inputs_from_graph(rp.g, 1.0))[0])
+        x, _st, _r = rp.step_series(parse_whatif("grouped-experts").apply(rp.g, inputs_from_graph(rp.g, 1.0))[0])
         return x
 
     whole, got = series(rw), series(Replayer(sample))
     assert got.size == sel.size
     assert np.mean(np.abs(got / whole[sel] - 1) < 0.01) >= 0.8
-    assert float(np.median(got)) == pytest.approx(float(np.median(whole[sel])), rel=0.01)
+    assert p50(got) == pytest.approx(p50(whole[sel]), rel=0.01)
     assert analyze_frame(df, meta)["next_win"] == part

@@ -1,17 +1,24 @@
 """"Next win": the changes the analysis suggests, ranked by the step time replay predicts for each.
 
-Candidates come from the analysis' own verdicts (:func:`candidates`):
+Only changes that can be made as stated are ranked. They come from the trace's structure
+(:func:`structural_changes`, :func:`tracekit.replay.structural.structure`) and the analysis' verdicts
+(:func:`candidates`):
 
+* **grouped experts** — ``grouped-experts``, when the steps run a per-expert MoE loop;
+* **host syncs removed** — ``no-host-sync``, when the steps make host syncs besides taking their result and outside
+  a per-expert loop (a loop's syncs read its expert counts back: they go with grouped experts, not on their own);
+* **CUDA graphs** — ``cuda-graph``, unless the capture already replays graphs. A graph cannot capture a host sync or
+  a data-dependent loop, so it needs grouped experts and the syncs gone first: it is then replayed after them
+  (``grouped-experts+cuda-graph``) and listed under them as ``then`` ("needs … first");
 * **MoE GEMM at its roofline** — ``moe_gemm=<f>`` with f = the MoE GEMM verdict's roofline fraction (a bound, so the
   predicted gain is a lower bound); skipped when the bound already reaches the roofline;
-* **host syncs removed** — ``no-host-sync``, when idle time after host syncs or host-sync stalls were found;
-* **CUDA graphs** — ``cuda-graph``, unless the capture already replays graphs;
 * **allreduce at NVLink speed** — ``allreduce=bw:<B>,lat:8us`` when the interconnect verdict names a slower path;
   allreduce *fusion* is not a replay scenario: its saving comes from the interconnect verdict and is listed unreplayed.
 
 :func:`next_win` replays them (:func:`tracekit.replay.api.replay`, calibrated to the unprofiled timing when the capture
-has one) and ranks them by predicted gain; a scenario that predicts no gain is listed under ``skipped`` with the reason.
-Replay needs GPU ops: on a CPU-mode trace the section says so.
+has one) and ranks them by predicted gain, each with its predicted step time, tokens/s and the confidence of its kind
+(:mod:`tracekit.replay.accuracy`: how far replay was from changes actually made); a scenario that predicts no gain is
+listed under ``skipped`` with the reason. Replay needs GPU ops: on a CPU-mode trace the section says so.
 
 **What is replayed** (:func:`replay_rows`): replay predicts the p50 step time, so a bounded sample of profiled steps
 stands for the whole trace. A trace of up to :data:`REPLAY_ROWS` rows replays whole. A larger one replays ``k`` job
@@ -27,6 +34,7 @@ was replayed.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -36,9 +44,10 @@ from tracekit.analysis.findings import Finding
 from tracekit.analysis.result import instances_in_input_time
 from tracekit.analysis.stage.pipeline import FinishedRun, StageOutput, collect_trace
 from tracekit.core.gpus import gpu_peaks
+from tracekit.replay.accuracy import confidence
 
-__all__ = ["candidates", "next_win", "next_win_finding", "next_win_stage", "replay_rows", "MAX_ROWS", "REPLAY_ROWS", "REPLAY_STEPS",
-           "REPLAY_SEGMENTS"]
+__all__ = ["Change", "candidates", "next_win", "next_win_finding", "next_win_stage", "replay_rows", "structural_changes",
+           "MAX_ROWS", "REPLAY_ROWS", "REPLAY_STEPS", "REPLAY_SEGMENTS"]
 
 #: traces without profiled steps on some rank (replay then replays each rank as one step) and more rows than this
 #: are not replayed inside ``analyze`` (``tracekit replay`` does it)
@@ -117,8 +126,19 @@ def replay_rows(lf: pl.LazyFrame, ranks: Sequence[int], rows: int, *, collect: A
                 "rows": int(df.height) if df is not None else 0}
 
 
+@dataclass(frozen=True)
+class Change:
+    """One change next win can replay: its spec, what it is, and the changes it needs made first (their ``what``)."""
+
+    spec: str
+    what: str
+    needs: tuple[str, ...] = ()
+
+
 def candidates(res: Mapping[str, Any], meta: Mapping[str, Any] | None) -> tuple[list[tuple[str, str]], list[dict[str, str]]]:
-    """(spec, what) scenarios to replay, and skipped ideas with the reason."""
+    """(spec, what) of the verdict-based changes (MoE GEMM roofline, allreduce at NVLink speed), and skipped ideas with
+    the reason. The structural ones (grouped experts, host syncs removed, CUDA graphs) come from the trace itself
+    (:func:`structural_changes`)."""
     specs: list[tuple[str, str]] = []
     skipped: list[dict[str, str]] = []
     mg = res.get("moe_gemm") or {}
@@ -131,18 +151,6 @@ def candidates(res: Mapping[str, Any], meta: Mapping[str, Any] | None) -> tuple[
             skipped.append({"what": "MoE GEMM at its roofline", "why": "its roofline bound is already reached (weight bytes are a bound)"})
     else:
         skipped.append({"what": "MoE GEMM at its roofline", "why": f"no MoE GEMM verdict ({mg.get('status', 'absent')})"})
-    sync = sum(int(c.get("host_sync", 0)) for c in (res.get("idle_causes_ns") or {}).values())
-    sync_stall = any(s.get("cause") == "host_sync" for s in (res.get("collectives") or {}).get("stall_summary") or [])
-    if sync or sync_stall:
-        specs.append(("no-host-sync", "host syncs removed"))
-    else:
-        skipped.append({"what": "host syncs removed", "why": "no idle time after host syncs"})
-    cap = (meta or {}).get("capture") or {}
-    graphs = bool((((cap.get("workload") or {}).get("serve") or {}).get("cuda_graphs"))) if isinstance(cap, Mapping) else False
-    if graphs:
-        skipped.append({"what": "CUDA graphs", "why": "the capture already replays CUDA graphs"})
-    else:
-        specs.append(("cuda-graph", "CUDA graphs"))
     for row in res.get("interconnect") or []:
         if row.get("path") and row["path"] != "NVLink" and row.get("coll_name") == "allreduce":
             nv = (row.get("model_bus_bw_bytes_per_s") or {}).get("NVLink")
@@ -156,13 +164,80 @@ def candidates(res: Mapping[str, Any], meta: Mapping[str, Any] | None) -> tuple[
     return specs, skipped
 
 
+GROUPED = "grouped experts"
+NO_SYNC = "host syncs removed"
+GRAPHS = "CUDA graphs"
+
+
+def structural_changes(st: Any, meta: Mapping[str, Any] | None) -> tuple[list[Change], list[dict[str, str]]]:
+    """The changes the trace's structure (:func:`tracekit.replay.structural.structure`) allows, each with what it
+    needs first: a CUDA graph cannot capture a host sync or a loop whose shapes depend on data read back, so graphs
+    need the per-expert loop grouped and the other syncs gone; a per-expert loop's syncs go with the loop."""
+    out: list[Change] = []
+    skipped: list[dict[str, str]] = []
+    if st.loop_blocks:
+        out.append(Change("grouped-experts", GROUPED))
+    if st.other_syncs:
+        out.append(Change("no-host-sync", NO_SYNC))
+    elif st.loop_syncs:
+        skipped.append({"what": NO_SYNC, "why": f"the {st.loop_syncs} host syncs in the steps are the per-expert loop's "
+                                               "(it reads the expert counts back): grouped experts removes them"})
+    else:
+        skipped.append({"what": NO_SYNC, "why": "no host sync inside the steps besides each step's result"})
+    cap = (meta or {}).get("capture") or {}
+    graphs = bool((((cap.get("workload") or {}).get("serve") or {}).get("cuda_graphs"))) if isinstance(cap, Mapping) else False
+    if graphs or st.graph_launches:
+        skipped.append({"what": GRAPHS, "why": "the capture already replays CUDA graphs"})
+    else:
+        pre = [c for c in out if c.spec in ("grouped-experts", "no-host-sync")]
+        out.append(Change("+".join([*(c.spec for c in pre), "cuda-graph"]), GRAPHS, tuple(c.what for c in pre)))
+    return out, skipped
+
+
+def _row(c: Change, p: Any) -> dict[str, Any]:
+    acc = confidence(c.spec)
+    return {"spec": c.spec, "what": c.what, "needs": list(c.needs), "step_ns_p50": p.step_ns_p50,
+            "tokens_per_s": p.tokens_per_s, "change": p.change, "within_noise": p.within_noise,
+            "confidence": {"kind": acc.kind, "error_median": acc.error_median, "error_max": acc.error_max,
+                           "pairs": acc.pairs} if acc else None}
+
+
+def _rank(changes: list[Change], preds: list[Any], skipped: list[dict[str, str]], top: int) -> list[dict[str, Any]]:
+    """Rows of the changes that can be made as stated, by predicted gain; a change that needs others first is
+    listed under the last of them as ``then`` (its prediction is of the whole sequence)."""
+    rows: list[dict[str, Any]] = []
+    dependent: list[dict[str, Any]] = []
+    for c, p in zip(changes, preds):
+        row = _row(c, p)
+        if p.change > -MIN_GAIN or p.within_noise:
+            why = ("inside the noise floor" if p.within_noise else f"replay predicts {p.change:+.1%}" if p.change < 0
+                   else f"replay predicts {p.change:+.0%}")
+            skipped.append({"what": c.what, "why": f"no predicted gain ({why})"})
+        elif c.needs:
+            dependent.append(row)
+        else:
+            rows.append(row)
+    rows.sort(key=lambda x: x["change"])
+    for d in dependent:
+        host = next((r for r in rows if r["what"] in d["needs"]), None)
+        if host is not None:  # under the best-ranked change it needs
+            host.setdefault("then", []).append(d)
+        else:  # none of what it needs helps on its own: the sequence is ranked as one row
+            rows.append(d)
+    rows.sort(key=lambda x: x["change"] if not x["needs"] else min(x["change"], 0.0))
+    return rows[:top]
+
+
 def next_win(df: pl.DataFrame | None, meta: Mapping[str, Any] | None, res: Mapping[str, Any], *, top: int = 4,
              replayed: Mapping[str, Any] | None = None, instances: pl.DataFrame | None = None) -> dict[str, Any]:
-    """The ``next_win`` section: baseline, ranked ``rows`` (spec, what, step_ns_p50, tokens_per_s, change), ``skipped``.
+    """The ``next_win`` section: ``baseline``, ranked ``rows`` (spec, what, step_ns_p50, tokens_per_s, change,
+    confidence, and ``then``: changes that need this one first), ``skipped`` (with the reason).
 
     ``df``: the rows to replay (:func:`replay_rows`), ``replayed`` its description; ``instances``: the analysis'
     matched collective instances on the trace's clock (:meth:`AnalysisResult.instances_in_input_time`), used by
-    replay instead of matching again."""
+    replay instead of matching again. ``baseline.profiled_step_ns_p50`` is the trace's step time
+    (:mod:`tracekit.analysis.steptime`, as analyze's ``steps.step_time``); ``baseline.step_ns_p50`` the replay's
+    calibrated one (on the program's own clock when the capture has unprofiled steps), which predictions compare to."""
     specs, skipped = candidates(res, meta)
     if res.get("device_mode") == "cpu":
         return {"status": "cpu_mode", "why": "replay models GPU streams and kernel launches; a CPU-mode trace has neither "
@@ -171,53 +246,74 @@ def next_win(df: pl.DataFrame | None, meta: Mapping[str, Any] | None, res: Mappi
     if df is None:
         why = (replayed or {}).get("why") or f"trace larger than {MAX_ROWS:,} rows"
         return {"status": "not_replayed", "why": f"{why}: run `tracekit replay` with --what-if "
-                + " ".join(s for s, _ in specs), "rows": [], "skipped": skipped}
-    if not specs:
-        return {"status": "no_candidates", "rows": [], "skipped": skipped}
+                + " ".join([*(s for s, _ in specs), "grouped-experts", "no-host-sync", "cuda-graph"]), "rows": [],
+                "skipped": skipped}
     from tracekit._errors import TracekitError
     from tracekit.replay.api import replay
+    from tracekit.replay.graph import build_graph
+    from tracekit.replay.structural import structure
 
     try:
-        r = replay(df, dict(meta or {}), [s for s, _ in specs], instances=instances)
+        g = build_graph(df, instances)
+        changes, sk = structural_changes(structure(g), meta)
+        changes = [*changes, *(Change(s, w) for s, w in specs)]
+        skipped += sk
+        if not changes:
+            return {"status": "no_candidates", "rows": [], "skipped": skipped}
+        r = replay(df, dict(meta or {}), [c.spec for c in changes], instances=instances, graph=g)
     except (TracekitError, ValueError, KeyError) as e:
         return {"status": "replay_failed", "why": f"{type(e).__name__}: {e}", "rows": [], "skipped": skipped}
     base = r.baseline
-    rows: list[dict[str, Any]] = []
-    for (spec, what), p in zip(specs, r.what_if):
-        row: dict[str, Any] = {"spec": spec, "what": what, "step_ns_p50": p.step_ns_p50, "tokens_per_s": p.tokens_per_s, "change": p.change,
-               "within_noise": p.within_noise}
-        if p.change <= -MIN_GAIN and not p.within_noise:
-            rows.append(row)
-        else:
-            why = ("inside the noise floor" if p.within_noise else f"replay predicts {p.change:+.1%}" if p.change < 0
-                   else f"replay predicts {p.change:+.0%}")
-            skipped.append({"what": what, "why": f"no predicted gain ({why})"})
-    rows.sort(key=lambda x: x["change"])
+    rows = _rank(changes, r.what_if, skipped, top)
     return {"status": "ok", "baseline": {"step_ns_p50": base["step_ns_p50"], "tokens_per_s": base.get("tokens_per_s"),
                                          "calibrated": r.calibrated, "measured_step_ns_p50": base.get("measured_step_ns_p50"),
+                                         "profiled_step_ns_p50": base.get("profiled_step_ns_p50"),
                                          "replayed": dict(replayed or {"whole": True, "rows": df.height})},
-            "rows": rows[:top], "skipped": skipped}
+            "rows": rows, "skipped": skipped}
+
+
+def _tps(x: float | None) -> str:
+    return f", {x:,.0f} tokens/s" if x else ""
+
+
+def _item(r: Mapping[str, Any]) -> str:
+    c = r.get("confidence")
+    conf = f"; {confidence_text(c)}" if c else ""
+    return f"{r['what']}: step {r['step_ns_p50'] / 1e6:.2f} ms ({r['change']:+.0%}){_tps(r['tokens_per_s'])}{conf}"
+
+
+def confidence_text(c: Mapping[str, Any]) -> str:
+    """The accuracy-table row as words (``tracekit.replay.accuracy``)."""
+    return (f"replay was within {c['error_max']:.0%} of {c['pairs']} measured change{'s' if c['pairs'] != 1 else ''} "
+            f"of this kind (median {c['error_median']:.0%})")
 
 
 def next_win_finding(nw: Mapping[str, Any]) -> str | None:
-    """One sentence: the ranked list with predicted step time and tokens/s, or why there is none."""
+    """One sentence: the ranked changes that can be made as stated, with predicted step time, tokens/s and confidence;
+    after each, the changes it makes possible (``then``); or why there is none."""
     if nw.get("status") == "cpu_mode":
         return f"Next win: not replayed — {nw['why']}."
     if nw.get("status") != "ok" or not nw.get("rows"):
         return None
     b = nw["baseline"]
-
-    def tps(x: float | None) -> str:
-        return f", {x:,.0f} tokens/s" if x else ""
-
-    items = [f"{i}. {r['what']}: step {r['step_ns_p50'] / 1e6:.2f} ms ({r['change']:+.0%}){tps(r['tokens_per_s'])}"
-             for i, r in enumerate(nw["rows"], 1)]
-    cal = "calibrated replay" if b.get("calibrated") else "uncalibrated replay"
+    items = []
+    for i, r in enumerate(nw["rows"], 1):
+        then = "".join(f"; then {t['what']} (needs {' and '.join(t['needs'])} first): step {t['step_ns_p50'] / 1e6:.2f} ms "
+                       f"({t['change']:+.0%}){_tps(t['tokens_per_s'])}" for t in r.get("then") or [])
+        need = f" (after {' and '.join(r['needs'])}, which it needs)" if r.get("needs") else ""
+        items.append(f"{i}. {_item(r).replace(': step', need + ': step', 1)}{then}")
+    prof = b.get("profiled_step_ns_p50")
+    if b.get("calibrated"):
+        now = (f"now {prof / 1e6:.2f} ms per step as profiled, {b['step_ns_p50'] / 1e6:.2f} ms on the program's own "
+               f"clock{_tps(b.get('tokens_per_s'))}; predictions are on the program's clock" if prof else
+               f"now {b['step_ns_p50'] / 1e6:.2f} ms per step{_tps(b.get('tokens_per_s'))}")
+    else:
+        now = (f"uncalibrated: no unprofiled step timing, so predictions include the profiler's overhead; now "
+               f"{b['step_ns_p50'] / 1e6:.2f} ms per step{_tps(b.get('tokens_per_s'))}")
     none = [f"{x['what']} ({x['why'].removeprefix('no predicted gain (').removesuffix(')')})" for x in nw.get("skipped") or []
             if x["why"].startswith("no predicted gain")]
     tail = f" Not predicted to shorten the step: {'; '.join(none)}." if none else ""
-    return (f"Next win ({cal}, now {b['step_ns_p50'] / 1e6:.2f} ms per step{tps(b.get('tokens_per_s'))}): " + "; ".join(items)
-            + "." + tail)
+    return f"Next win ({now}): " + " ".join(items) + "." + tail
 
 
 def next_win_stage(run: FinishedRun) -> StageOutput:
