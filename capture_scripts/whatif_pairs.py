@@ -17,7 +17,8 @@ Cases run in groups (``GROUPS``: a baseline and its variants), all of a group's 
 2. ``--rounds`` unprofiled blocks ``u1``… per case on the program's own clock, interleaved across the group's
    cases (order reversed every other round) so slow host drift hits a baseline and its variant alike;
 3. after the first half of the rounds, one profiled block per case under ``torch.profiler`` (CPU + CUDA,
-   CUDA sync events; ``record_shapes`` where the case says so), exported as ``<case>.trace.json.gz``.
+   CUDA sync events; ``record_shapes`` where the case says so), exported as ``<case>.trace.json.gz``, then one
+   unrecorded ``settle`` block per case (the first steps after a profiler window ran up to 2x slow in a first run).
 
 The process is pinned to ``--cores`` and Python's garbage collector is off inside the blocks. Each block is a
 fresh decode session (HF: prefill of ``--prompt`` tokens, untimed, then the steps), so every block decodes the
@@ -299,6 +300,8 @@ def run_group(names: list[str], out: Path, a: argparse.Namespace) -> None:
                     info[n]["export_s"] = _export(prof, out / f"{n}.trace.json.gz")
                     gc.collect()
                     gc.disable()
+                for n in names:  # steps right after a profiler window run slow (seen: 2x for ~6 steps): settle first
+                    prep[n](clocks[n], "settle", steps(n), None)
             for n in (names if r % 2 == 0 else names[::-1]):
                 prep[n](clocks[n], f"u{r + 1}", steps(n), None)
     finally:

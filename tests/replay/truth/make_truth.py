@@ -3,11 +3,12 @@
 ``python tests/replay/truth/make_truth.py RAWDIR [--cases a,b]`` writes, per case, into this folder:
 
 * ``<case>.trace.parquet``: the profiled decode steps converted by tracekit, plus the program's own unprofiled
-  step timings of blocks ``u1`` and ``u2`` as ``kind="step"``, ``profiled=false``, ``src="tracekit.step"`` rows
+  step ranges of blocks ``u1``… as ``kind="step"``, ``profiled=false``, ``src="tracekit.step"`` rows
   (what ``tracekit capture`` records; replay calibrates on them). ``cpu_op`` rows are dropped except GEMM ops
   with recorded shapes (kept where the case recorded them: the loop → grouped what-if reads them).
-* ``clock.json``: per case the program clock: medians of ``u1``/``u2``/profiled ``step_ns`` and ``host_ns``,
-  the same-run noise |median(u1) − median(u2)| / median(u1 ∪ u2), and the case's config.
+* ``clock.json``: per case the program clock: per block the median ``step_ns`` and ``host_ns`` (unprofiled blocks
+  ``u1``…, ``profiled``), the unprofiled p50 over every unprofiled step, the same-run noise of the baseline repeat
+  |median(first half of the blocks) − median(second half)| / median, and the case's config.
 
 The predictions and their errors are not written here: ``tests/replay/truth/pairs.py`` computes them from
 these files with the current code (``python tests/replay/truth/pairs.py`` prints the accuracy table).
@@ -35,11 +36,12 @@ _GEMM_OPS = ("aten::linear", "aten::mm", "aten::addmm", "aten::bmm", "aten::matm
 
 
 def unprofiled_rows(rec: dict[str, Any]) -> pl.DataFrame:
-    """The program clock's unprofiled blocks as step records (rank 0)."""
+    """The program clock's unprofiled blocks as step records (rank 0): the labelled range's duration (``host_ns``:
+    the range closes before the step's synchronize), what ``tracekit capture`` records for the same range."""
     bs = int(rec["bs"])
-    rows = [{"rank": 0, "kind": "range", "ts_ns": int(s["wall_ns"]), "dur_ns": int(s["step_ns"]),
+    rows = [{"rank": 0, "kind": "range", "ts_ns": int(s["wall_ns"]), "dur_ns": int(s["host_ns"]),
              "name": f"forward#{s['fwd']}:decode:bs={bs}", "step_id": int(s["fwd"]), "profiled": False, "src": STEP_SRC}
-            for b in ("u1", "u2") for s in rec["blocks"].get(b, [])]
+            for b in _ublocks(rec) for s in rec["blocks"][b]]
     from tracekit.ingest.common import parse_steps
 
     raw = frame_from_rows(rows)
@@ -49,6 +51,11 @@ def unprofiled_rows(rec: dict[str, Any]) -> pl.DataFrame:
                                        keep["step_id"].alias("step_id"), keep["profiled"].alias("profiled")))
 
 
+def _ublocks(rec: dict[str, Any]) -> list[str]:
+    """The unprofiled blocks ``u1``, ``u2``… in run order."""
+    return sorted((b for b in rec["blocks"] if b[:1] == "u" and b[1:].isdigit()), key=lambda b: int(b[1:]))
+
+
 def _med(xs: list[int]) -> float | None:
     return float(statistics.median(xs)) if xs else None
 
@@ -56,17 +63,20 @@ def _med(xs: list[int]) -> float | None:
 def clock_summary(rec: dict[str, Any]) -> dict[str, Any]:
     """Medians per block and the same-run noise of the program's own clock."""
     b = rec["blocks"]
-    out: dict[str, Any] = {}
-    for blk in ("u1", "u2", "profiled"):
+    ub = _ublocks(rec)
+    out: dict[str, Any] = {"blocks": {}}
+    for blk in [*ub, "profiled"]:
         xs = b.get(blk, [])
-        out[blk] = {"n": len(xs), "step_ns_p50": _med([x["step_ns"] for x in xs]),
-                    "host_ns_p50": _med([x["host_ns"] for x in xs])}
-    both = [x["step_ns"] for k in ("u1", "u2") for x in b.get(k, [])]
+        out["blocks"][blk] = {"n": len(xs), "step_ns_p50": _med([x["step_ns"] for x in xs]),
+                              "host_ns_p50": _med([x["host_ns"] for x in xs])}
+    both = [x["step_ns"] for k in ub for x in b[k]]
     out["unprofiled_step_ns_p50"] = _med(both)
-    a, z = out["u1"]["step_ns_p50"], out["u2"]["step_ns_p50"]
-    out["noise"] = abs(a - z) / out["unprofiled_step_ns_p50"] if a and z else None
+    h = len(ub) // 2
+    early = _med([x["step_ns"] for k in ub[:h] for x in b[k]])
+    late = _med([x["step_ns"] for k in ub[h:] for x in b[k]])
+    out["noise"] = abs(early - late) / out["unprofiled_step_ns_p50"] if early and late else None
     out["config"] = {k: rec.get(k) for k in ("kind", "model", "cfg", "experts", "bs", "prof_steps", "shapes", "graph",
-                                               "device", "torch", "transformers", "prompt")}
+                                               "device", "torch", "transformers", "prompt", "group", "rounds")}
     return out
 
 
@@ -97,7 +107,7 @@ def main() -> None:
         clock[n] = build_case(a.raw, n)
         c = clock[n]
         print(f"{n}: unprofiled {c['unprofiled_step_ns_p50'] / 1e6:.3f} ms (noise {c['noise']:.2%}), "
-              f"profiled {c['profiled']['step_ns_p50'] / 1e6:.3f} ms, "
+              f"profiled {c['blocks']['profiled']['step_ns_p50'] / 1e6:.3f} ms, "
               f"{(HERE / f'{n}.trace.parquet').stat().st_size / 1e6:.2f} MB", flush=True)
     cpath.write_text(json.dumps(dict(sorted(clock.items())), indent=1) + "\n")
 

@@ -1,0 +1,73 @@
+"""The what-if truth set (tests/replay/truth): predictions against changes actually made on one H200.
+
+Recomputes every pair with the current code (``truth/pairs.py``; ~30 s) and checks the accuracy table that next
+win prints (:mod:`tracekit.replay.accuracy`) is the one measured here, plus the issue's targets where they are met.
+Errors and noise are in docs/replay.md ("Accuracy").
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent / "truth"
+sys.path.insert(0, str(HERE))
+import pairs as P  # noqa: E402
+
+from tracekit.replay.accuracy import ACCURACY, kind_of  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[dict[str, Any]]:
+    return P.rows()
+
+
+def _by_kind(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        out.setdefault(kind_of(r["predicted"]["spec"]), []).append(r)
+    return out
+
+
+def test_fixtures_are_small() -> None:
+    files = list(HERE.glob("*.trace.parquet"))
+    assert len(files) >= 20
+    assert all(p.stat().st_size < 3_000_000 for p in files)
+    assert sum(p.stat().st_size for p in files) < 5_000_000
+
+
+def test_accuracy_table_is_the_measured_one(rows: list[dict[str, Any]]) -> None:
+    for kind, rs in _by_kind(rows).items():
+        a = ACCURACY[kind]
+        errs = [abs(r["error"]) for r in rs]
+        assert a.pairs == len(rs), kind
+        assert a.error_max == pytest.approx(max(errs), abs=0.006), kind
+        assert a.error_median == pytest.approx(statistics.median(errs), abs=0.006), kind
+        assert a.noise_max == pytest.approx(max(r["measured"]["noise"] for r in rs), abs=0.006), kind
+
+
+def _row(rows: list[dict[str, Any]], baseline: str, variant: str) -> dict[str, Any]:
+    return next(r for r in rows if r["baseline"] == baseline and r["variant"] == variant)
+
+
+def test_knob_within_3pct_where_the_ratio_is_repeatable(rows: list[dict[str, Any]]) -> None:
+    # DeepSeek-V3 widths, experts halved (MoE GEMMs x0.52): the per-round ratio repeats within 2.2 %
+    r = _row(rows, "dsv3f", "dsv3f_halfw")
+    assert r["measured"]["ratio_spread"] < 0.03 and abs(r["error"]) <= 0.03
+    # every knob pair: within 4 % or inside its own ratio spread (the noisy hosts of docs/replay.md)
+    for r in _by_kind(rows)["knob"]:
+        assert abs(r["error"]) <= max(0.04, 1.5 * r["measured"]["ratio_spread"]), (r["baseline"], r["variant"], r["error"])
+
+
+def test_structural_targets(rows: list[dict[str, Any]]) -> None:
+    k = _by_kind(rows)
+    assert all(abs(r["error"]) <= 0.10 for r in k["cuda-graph"] + k["no-host-sync+cuda-graph"])
+    assert all(abs(r["error"]) <= 0.15 for r in k["no-host-sync"])
+    grouped = k["grouped-experts"]
+    assert sum(abs(r["error"]) <= 0.20 for r in grouped) >= 3
+    assert all(abs(r["error"]) <= 0.24 for r in grouped)  # the known gap: docs/replay.md ("loop → grouped")
+    assert all(r["predicted"]["ratio"] < 0.2 and r["measured"]["ratio"] < 0.2 for r in grouped)  # a 5-14x change
