@@ -73,10 +73,16 @@ def test_eager_to_cuda_graph_oracle(rows):
                                     "host memory → NCCL default: communication", "host memory → NCCL default: oracle"])
 def test_nccl_p2p_vs_host_memory(rows, prefix):
     r = _row(rows, prefix)
-    # the transfer change (9 → 49 µs per allreduce) is hidden behind the launch-bound host: predicted ~no change
-    assert abs(r["predicted_change"]) < 0.02
-    assert abs(r["error"]) < 0.08  # achieved 5.2-7.2 %
-    assert "host time" in r["cause"]  # the captures' host time per step differs by 5-6 %
+    if "oracle" in prefix:
+        # the target's own kernel durations move the step in the measured direction (+2.3 % / −4.6 % predicted,
+        # +5.6 % / −5.3 % measured): the step's GPU part counts since issue 26
+        assert r["predicted_change"] * r["measured_change"] > 0
+    else:
+        # the transfer change (9 → 49 µs per allreduce) is hidden behind the launch-bound host: ~no change predicted
+        assert abs(r["predicted_change"]) < 0.02
+    assert abs(r["error"]) < 0.06  # achieved 0.8-4.9 % (docs/replay.md)
+    if abs(r["error"]) > 0.03:
+        assert "host time" in r["cause"]  # the captures' host time per step differs by 5-6 %
     if abs(r["error"]) > 0.05:
         assert r["noise"] > NOISE_MAX
         pytest.xfail(f"outside 5 % ({r['error']:+.1%}) with noise {r['noise']:.1%} > 2 %: {r['cause']}")

@@ -57,7 +57,7 @@ def test_replay_baseline_is_analyze_step_p50(frames: dict[str, Path], case: str)
     # diff's summary reads the same value; so does the steps finding
     s = summarize_result(res)
     assert s.step_p50_ns == st["step_ns_p50"] and s.tokens_per_s == st["tokens_per_s"]
-    finding = next(f for f in res.findings if "step time p50" in f)
+    finding = next(f for f in res.to_json()["findings"] if "step time p50" in f)
     assert f"{st['step_ns_p50'] / 1e6:.1f} ms" in finding or f"{st['step_ns_p50'] / 1e3:.0f} µs" in finding
 
 

@@ -70,4 +70,4 @@ def test_structural_targets(rows: list[dict[str, Any]]) -> None:
     grouped = k["grouped-experts"]
     assert sum(abs(r["error"]) <= 0.20 for r in grouped) >= 3
     assert all(abs(r["error"]) <= 0.24 for r in grouped)  # the known gap: docs/replay.md ("loop → grouped")
-    assert all(r["predicted"]["ratio"] < 0.2 and r["measured"]["ratio"] < 0.2 for r in grouped)  # a 5-14x change
+    assert all(r["predicted"]["ratio"] < 0.25 and r["measured"]["ratio"] < 0.25 for r in grouped)  # a 4-14x change

@@ -17,7 +17,6 @@ LIMIT = 80
 NOT_YET: dict[str, int] = {
     "tracekit/report/timeline_detail.py::detail_payload": 191,
     "tracekit/ingest/convert.py::convert": 182,
-    "tracekit/replay/api.py::replay": 116,
 }
 
 

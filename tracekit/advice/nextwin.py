@@ -302,11 +302,8 @@ def next_win_finding(nw: Mapping[str, Any]) -> str | None:
                        f"({t['change']:+.0%}){_tps(t['tokens_per_s'])}" for t in r.get("then") or [])
         need = f" (after {' and '.join(r['needs'])}, which it needs)" if r.get("needs") else ""
         items.append(f"{i}. {_item(r).replace(': step', need + ': step', 1)}{then}")
-    prof = b.get("profiled_step_ns_p50")
-    if b.get("calibrated"):
-        now = (f"now {prof / 1e6:.2f} ms per step as profiled, {b['step_ns_p50'] / 1e6:.2f} ms on the program's own "
-               f"clock{_tps(b.get('tokens_per_s'))}; predictions are on the program's clock" if prof else
-               f"now {b['step_ns_p50'] / 1e6:.2f} ms per step{_tps(b.get('tokens_per_s'))}")
+    if b.get("calibrated"):  # one step time: the program's own clock, which the predictions are on
+        now = f"now {b['step_ns_p50'] / 1e6:.2f} ms per step on the program's own clock{_tps(b.get('tokens_per_s'))}"
     else:
         now = (f"uncalibrated: no unprofiled step timing, so predictions include the profiler's overhead; now "
                f"{b['step_ns_p50'] / 1e6:.2f} ms per step{_tps(b.get('tokens_per_s'))}")
