@@ -34,6 +34,8 @@ was replayed.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -264,6 +266,9 @@ def next_win(df: pl.DataFrame | None, meta: Mapping[str, Any] | None, res: Mappi
     except (TracekitError, ValueError, KeyError) as e:
         return {"status": "replay_failed", "why": f"{type(e).__name__}: {e}", "rows": [], "skipped": skipped}
     base = r.baseline
+    if not math.isfinite(base["step_ns_p50"]):  # no job step of one shape to time: no figure to compare to
+        return {"status": "no_steps", "why": "the replay found no job step of one shape to time (the trace's steps "
+                "carry no mode or token count), so no change has a step time to compare", "rows": [], "skipped": skipped}
     rows = _rank(changes, r.what_if, skipped, top)
     return {"status": "ok", "baseline": {"step_ns_p50": base["step_ns_p50"], "tokens_per_s": base.get("tokens_per_s"),
                                          "calibrated": r.calibrated, "measured_step_ns_p50": base.get("measured_step_ns_p50"),

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgspec
 import polars as pl
 
 from tracekit.analysis.registry import Analysis, FinishContext, Finished, register
@@ -93,7 +94,7 @@ def moe_detection_finish(parts: list[DetectionPart], ctx: FinishContext) -> Fini
                         "like one) that the launch pattern cannot attribute to experts (a shared expert, or experts it cannot "
                         f"tell apart); they count as dense: MoE GEMM is {_pct(gemm, tot):.1f}-{_pct(gemm + amb, tot):.1f}%",
                         severity="info", low_pct=_pct(gemm, tot), high_pct=_pct(gemm + amb, tot))
-    return Finished({"moe_detection": node}, node)
+    return Finished({"moe_detection": msgspec.to_builtins(node)}, node)  # sections are JSON-ready, as every pass's
 
 
 ANALYSIS = register(Analysis("moe_detection", ("moe_detection",), ("kind", "dur_ns", "category", "family", "name"),
