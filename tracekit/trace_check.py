@@ -103,7 +103,7 @@ def _list_of(test: Callable[[Any], bool]) -> Callable[[Any], bool]:
 
 _TEXT: Callable[[Any], bool] = lambda v: isinstance(v, str)  # noqa: E731
 _DICT: Callable[[Any], bool] = lambda v: isinstance(v, dict)  # noqa: E731
-#: footer keys (schemas/trace_v1.md) and the test each value must pass; None is always allowed
+#: footer keys (schemas/trace_v1.md) and the test each value must pass; a null is taken as the key absent
 FOOTER: dict[str, Callable[[Any], bool]] = {
     "tool_version": _TEXT, "world_size": lambda v: _int(v) and 1 <= v <= 1 << 17, "device_mode": lambda v: v in ("gpu", "cpu"),
     "ranks": lambda v: isinstance(v, list), "source_files": _list_of(_TEXT), "clock_alignment": _DICT,
@@ -134,9 +134,12 @@ def _type(v: Any) -> str:
 
 
 def _prune(d: dict[str, Any], spec: Mapping[str, Callable[[Any], bool]], where: str, bad: dict[str, str]) -> None:
-    """Remove the keys of ``d`` whose value fails its test (recording ``where.key -> its type``)."""
+    """Remove the keys of ``d`` whose value fails its test (recording ``where.key -> its type``), and those whose
+    value is null (unrecorded: a null is the field absent, as in an older file, so a reader's default applies)."""
     for k, test in spec.items():
-        if d.get(k) is not None and not test(d[k]):
+        if k in d and d[k] is None:
+            del d[k]
+        elif d.get(k) is not None and not test(d[k]):
             bad[f"{where}{k}"] = _type(d.pop(k))
 
 

@@ -212,9 +212,18 @@ def test_footer_fields_of_the_wrong_type_are_ignored_and_flagged(tmp_path: Path,
     assert f" {field}" in flag(res, "bad_footer")["message"], flag(res, "bad_footer")
 
 
-def test_footer_quality_null_is_an_empty_list(tmp_path: Path, good: Path) -> None:
-    f = edited(good, tmp_path, lambda t, m: (t, {**m, "quality": None}))
-    assert run("analyze", f, "--json").returncode == 0
+@pytest.mark.parametrize("field", ["quality", "device_mode", "ranks", "window_ns", "world_size", "capture", "clock_offsets_ns",
+                                   "tool_version", "rules"])
+def test_a_null_footer_field_reads_as_absent(tmp_path: Path, good: Path, field: str) -> None:
+    """A null is the field absent (as in an older file): the reader's default, no flag (device_mode null was exit 70:
+    the result tree's device_mode is text)."""
+    f = edited(good, tmp_path, lambda t, m: (t, {**m, field: None}))
+    p = run("analyze", f, "--json")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert "bad_footer" not in {q["code"] for q in doc["quality"]}
+    if field == "device_mode":
+        assert doc["device_mode"] == "gpu"
 
 
 def test_a_device_name_that_is_a_number_is_ignored_and_flagged(tmp_path: Path, good: Path) -> None:
