@@ -226,7 +226,7 @@ class RankMeta(TypedDict, total=False):
     """Footer metadata of one rank (``TraceMeta.ranks``)."""
 
     rank: int
-    device: int
+    device: int | str  # an ordinal, or what tracekit capture writes ("cuda:0")
     device_name: str
     device_props: dict[str, Any]
     source_files: list[str]

@@ -117,7 +117,7 @@ CAPTURE: dict[str, Callable[[Any], bool]] = {
 }
 WORKLOAD: dict[str, Callable[[Any], bool]] = {"model": _DICT, "serve": _DICT, "options": _DICT}
 RANK: dict[str, Callable[[Any], bool]] = {
-    "device": _int, "device_name": _TEXT, "device_props": _DICT, "source_files": _list_of(_TEXT), "source_file": _TEXT,
+    "device": lambda v: _int(v) or isinstance(v, str), "device_name": _TEXT, "device_props": _DICT, "source_files": _list_of(_TEXT), "source_file": _TEXT,
     "format": _TEXT, "backend": _TEXT, "nccl_version": _TEXT, "session_start_ns": _int, "base_time_ns": _int,
     "link_gen": _num, "link_width": _num, "link_bw_bytes_per_s": _num, "power_limit_w": _num, "nvlink": lambda v: isinstance(v, bool),
 }
