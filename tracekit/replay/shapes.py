@@ -10,11 +10,11 @@ input; ``bmm``: ``[b, k, n]``); bytes = elements × the dtype's size. Traces wit
 
 from __future__ import annotations
 
-import json
 import math
 
 import polars as pl
 
+from tracekit.analysis.passes.efficiency import record_shapes
 from tracekit.core import intervals as iv
 from tracekit.dtypes import dtype_bytes
 
@@ -29,13 +29,10 @@ SHAPE_COLUMNS = ("rank", "kind", "name", "ts_ns", "dur_ns", "tid", "input_dims",
 
 def weight_bytes(op: str, dims_json: str | None, types_json: str | None) -> float | None:
     """Bytes of one GEMM operator's weight operand from its record_shapes strings; None when unknown."""
-    try:
-        dims = json.loads(dims_json or "null")
-        types = json.loads(types_json or "null") or []
-    except ValueError:
+    rs = record_shapes(dims_json, types_json)
+    if rs is None:
         return None
-    if not isinstance(dims, list):
-        return None
+    dims, types = rs
     shapes = [d for d in dims if isinstance(d, list) and d]
     idx = 1 if op != "aten::addmm" else 2
     if len(shapes) <= idx or not all(isinstance(v, int) for v in shapes[idx]):

@@ -46,15 +46,22 @@ def _prod(xs: list[int]) -> int:
     return int(math.prod(xs)) if xs else 1
 
 
-def gemm_flops_bytes(op: str, dims_json: str | None, types_json: str | None) -> tuple[float, float, str] | None:
-    """(flops, bytes, dtype) of one GEMM-like op from its record_shapes strings; None when unknown."""
+def record_shapes(dims_json: str | None, types_json: str | None) -> tuple[list[Any], list[Any]] | None:
+    """(input dims, input types) of one operator from its record_shapes JSON strings; None when unreadable."""
     try:
         dims = json.loads(dims_json or "null")
         types = json.loads(types_json or "null") or []
     except ValueError:
         return None
-    if not isinstance(dims, list):
+    return (dims, types if isinstance(types, list) else []) if isinstance(dims, list) else None
+
+
+def gemm_flops_bytes(op: str, dims_json: str | None, types_json: str | None) -> tuple[float, float, str] | None:
+    """(flops, bytes, dtype) of one GEMM-like op from its record_shapes strings; None when unknown."""
+    rs = record_shapes(dims_json, types_json)
+    if rs is None:
         return None
+    dims, types = rs
     shapes = [d for d in dims if isinstance(d, list)]
     dtype = next((t for t in types if isinstance(t, str) and t and t != "Scalar"), "float")
     es = dtype_bytes(dtype) or 2
