@@ -111,12 +111,14 @@ def _tree_rss_kb(root: int) -> int:
     return total
 
 
-def _measure(args: list[str], timeout: float) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", *args]
+def measure_child(script: Path, args: list[str], timeout: float, env: dict[str, str] | None = None,
+                  peak_key: str = "peak_tree_rss_mb") -> dict:
+    """Run ``script --child ARGS``, sampling the RSS of its whole process tree: its RESULT line, its wall time
+    (``proc_wall_s``) and the peak (``peak_key``, MB), or ``{"error": ...}``. The benchmarks' one child runner."""
+    cmd = [sys.executable, str(script), "--child", *args]
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    peak = [0]
-    stop = threading.Event()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+    peak, stop = [0], threading.Event()
 
     def sample() -> None:
         while not stop.is_set():
@@ -129,18 +131,19 @@ def _measure(args: list[str], timeout: float) -> dict:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
-        out, err = proc.communicate()
-        stop.set()
+        proc.communicate()
         return {"error": f"timed out after {timeout:.0f} s"}
-    stop.set()
-    th.join()
-    wall = time.perf_counter() - t0
+    finally:
+        stop.set()
+        th.join()
     res = next((json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")), None)
     if proc.returncode != 0 or res is None:
         return {"error": (err.strip().splitlines() or ["?"])[-1][:300]}
-    res["proc_wall_s"] = wall
-    res["peak_tree_rss_mb"] = peak[0] / 1024
-    return res
+    return {**res, "proc_wall_s": time.perf_counter() - t0, peak_key: peak[0] / 1024}
+
+
+def _measure(args: list[str], timeout: float) -> dict:
+    return measure_child(Path(__file__).resolve(), args, timeout)
 
 
 def _raw_bytes(d: Path) -> int:

@@ -24,9 +24,7 @@ import argparse
 import json
 import os
 import resource
-import subprocess
 import sys
-import threading
 import time
 import zlib
 from pathlib import Path
@@ -34,7 +32,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from convert import _tree_rss_kb  # noqa: E402 - the process-tree RSS sampler of the convert benchmark
+from convert import measure_child  # noqa: E402 - the benchmarks' child runner (process-tree RSS sampler)
 
 __all__ = ["main"]
 
@@ -92,31 +90,7 @@ def _child(argv: list[str]) -> int:
 
 def _measure(args: list[str], timeout: float, env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run one child, sampling the RSS of its whole process tree; its RESULT line plus the peak."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", *args]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
-    peak, stop = [0], threading.Event()
-
-    def sample() -> None:
-        while not stop.is_set():
-            peak[0] = max(peak[0], _tree_rss_kb(proc.pid))
-            stop.wait(0.02)
-
-    th = threading.Thread(target=sample, daemon=True)
-    th.start()
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        return {"error": f"timed out after {timeout:.0f} s"}
-    finally:
-        stop.set()
-        th.join()
-    res = next((json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")), None)
-    if proc.returncode != 0 or res is None:
-        return {"error": (err.strip().splitlines() or ["?"])[-1][:300]}
-    return {**res, "proc_wall_s": time.perf_counter() - t0, "peak_mb": peak[0] / 1024}
+    return measure_child(Path(__file__).resolve(), args, timeout, env, peak_key="peak_mb")
 
 
 # ---- floors ----------------------------------------------------------------------------------------
