@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from corrupt._build import TF0, small_rank, assert_clean_error, cli_inproc, dump, load, need
-from tracekit.commands._ranges import RANGES, _name, _shown, numeric_options
+from tracekit.commands._ranges import RANGES, _name, help_range, numeric_options
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -64,7 +64,7 @@ def test_the_range_is_in_help(cmd: str, opt: str) -> None:
     p = cli_inproc(cmd, "--help")
     assert p.returncode == 0
     text = " ".join(p.stdout.replace("│", " ").split())
-    assert f"Range: {_shown(lo)}..{_shown(hi)}." in text, (opt, text[:3000])
+    assert help_range(lo, hi) in text, (opt, text[:3000])
 
 
 def test_top_0_is_refused_alike_by_analyze_and_diff() -> None:

@@ -19,7 +19,7 @@ try:  # typer >= 0.2x vendors click
 except ImportError:  # pragma: no cover - older typer: click itself
     from click import exceptions as _cx  # type: ignore[no-redef]
 
-__all__ = ["RANGES", "install", "numeric_options", "OptionRangeError"]
+__all__ = ["RANGES", "help_range", "install", "numeric_options", "OptionRangeError"]
 
 
 class OptionRangeError(_cx.ClickException):
@@ -71,6 +71,12 @@ def _shown(v: float) -> str:
     return f"{v:g}" if isinstance(v, float) or abs(v) >= 10**15 and v != 2**62 else str(v)
 
 
+def help_range(lo: float, hi: float) -> str:
+    """The range as the help states it: ``Range: 1..100000.``; a bound of :data:`_BIG` or more (counts no capture
+    reaches) reads ``Range: 1 or more.``, so the help stays one line per option at 80 columns."""
+    return f"Range: {_shown(lo)} or more." if hi >= _BIG else f"Range: {_shown(lo)}..{_shown(hi)}."
+
+
 def _checker(option: str, lo: float, hi: float, then: Callable[..., Any] | None) -> Callable[..., Any]:
     span = f"range {_shown(lo)}..{_shown(hi)}"
 
@@ -94,4 +100,4 @@ def install(command: Any, name: str) -> None:
         if rng is None:
             continue  # tests/corrupt/test_round3_options.py fails for it
         p.callback = _checker(_name(p), rng[0], rng[1], p.callback)
-        p.help = (p.help or "").rstrip() + f" Range: {_shown(rng[0])}..{_shown(rng[1])}."
+        p.help = (p.help or "").rstrip() + " " + help_range(rng[0], rng[1])

@@ -318,7 +318,7 @@ def parse_whatif(spec: str) -> WhatIf:
         if factor is not None:
             if not math.isfinite(factor) or not 0 < factor <= MAX_FACTOR:
                 raise UsageError(f"what-if {spec!r}: factor must be a finite number in (0, {MAX_FACTOR:g}] "
-                                 "(e.g. 0.5 for twice as fast)")
+                                 f"(range 0..{MAX_FACTOR:g}, 0 excluded; e.g. 0.5 for twice as fast)")
             w.edits.append(_scale_edit(lhs, factor, spec))
             continue
         coll = _COLL_ALIASES.get(lhs.lower())
