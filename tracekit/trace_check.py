@@ -251,7 +251,7 @@ def check_data(path: Path | str, meta: dict[str, Any], raw: pl.LazyFrame, files:
         raise InputError(f"{path}: unreadable trace data ({first_line(e)}); re-convert the source") from None
     _check_columns(path, have, schema, required)
     if sum(md.num_rows for md in mds) == 0:
-        raise InputError(f"{path}: the trace has no rows; re-convert the source (an empty capture is refused at convert)")
+        raise InputError(_no_rows_message(path, meta))
     casts = [n for n in have.names() if n in POLARS_SCHEMA and have[n] != POLARS_SCHEMA[n]]
     ints = [n for n in casts if str(POLARS_SCHEMA[n]) in _INT_RANGE and have[n].is_integer()]
     facts = _facts(mds, path, raw, have, ints)
@@ -262,6 +262,16 @@ def check_data(path: Path | str, meta: dict[str, Any], raw: pl.LazyFrame, files:
         lf = lf.with_columns([pl.lit(None, dtype=POLARS_SCHEMA[n]).alias(n) for n in missing])
     lf = lf.select(COLUMN_NAMES)
     return _repair(path, lf, facts, meta)
+
+
+def _no_rows_message(path: Path | str, meta: Mapping[str, Any]) -> str:
+    """Why a trace is empty: a capture's own reason (its ``capture_no_*`` flags) where it left one."""
+    quality = meta.get("quality")
+    why = [str(q.get("message")) for q in quality if isinstance(q, dict)
+           and str(q.get("code", "")).startswith("capture_no_")] if isinstance(quality, list) else []
+    if why:
+        return f"{path}: the capture collected no rows ({'; '.join(why)}); capture again with a window the program reaches"
+    return f"{path}: the trace has no rows; re-convert the source (an empty capture is refused at convert)"
 
 
 def _check_columns(path: Path | str, have: pl.Schema, schema: Mapping[str, pl.DataType], required: tuple[str, ...]) -> None:

@@ -17,7 +17,8 @@ import pytest
 
 from tracekit.capture.external import run_external
 from tracekit.capture.window import WindowSpec
-from tracekit.schema import read_trace
+from tracekit._errors import InputError
+from tracekit.schema import read_metadata, read_trace
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -288,11 +289,14 @@ def test_program_ending_before_the_delay_says_why(tmp_path: Path, monkeypatch: p
     res = run_external([sys.executable, str(PROGS / "no_steps.py"), "--seconds", "2"], out,
                        spec=WindowSpec(delay_s=60, steps=5), after="stop", say=lambda m: None)
     assert res.returncode == 0 and not res.stopped  # it ended by itself: nothing was sent to it
-    _df, meta = read_trace(out)
+    meta = read_metadata(out)
     q = {x["code"]: x["message"] for x in meta["quality"]}
     assert "before --delay 60s" in q["capture_no_profiler_windows"]
     assert "marked no step" in q["capture_no_steps"]
     assert "capture_program_stopped" not in q and meta["capture"]["windows"] == []
+    # nothing was collected: reading it says why in one line (the capture's own reason), never an empty report
+    with pytest.raises(InputError, match=r"collected no rows \(.*before --delay 60s"):
+        read_trace(out)
 
 
 @pytest.mark.parametrize("on", [True, False])
