@@ -26,6 +26,7 @@ from typing import Any, Sequence
 import polars as pl
 
 from tracekit._errors import CaptureError, InputError, QualityLog, TracekitError
+from tracekit.capture.window import union_windows
 from tracekit.schema import POLARS_SCHEMA, conform, empty_frame, frame_from_rows, write_trace
 
 __all__ = ["load_run", "frames_from_extras", "summarize_steps", "build_metadata", "assemble", "assemble_dir", "main", "GROUND_TRUTH_SRC"]
@@ -190,7 +191,8 @@ def build_metadata(
         "workload": {"model": meta0.get("model"), "serve": meta0.get("serve"), "options": opts},
         "window_ns": [min(starts), max(ends)] if starts and ends else None,
         "duration_s": opts.get("duration_s"),
-        "profiler_windows": meta0.get("profiler_windows", []),
+        "profiler_windows": union_windows({i: (w[0], w[1]) for i, w in enumerate(e.get("meta", {}).get("profiler_windows") or [])}
+                                          for e in extras.values()),
         "ground_truth": gt,
         "summary": summarize_steps((m0.get("steps") or [])),
         # the cores the ranks shared (builtin ranks run on this host): findings detect CPU oversubscription with it

@@ -30,6 +30,7 @@ import polars as pl
 
 from tracekit._errors import CaptureError, QualityLog
 from tracekit.capture.instrument import STEP_SRC
+from tracekit.capture.window import union_windows
 from tracekit.schema import conform, empty_frame, frame_from_rows, write_trace
 
 __all__ = ["assemble_program", "counters_frame", "load_program_run", "step_regex", "step_rows", "summarize", "window_table"]
@@ -212,7 +213,8 @@ def assemble_program(
         "options": options,
         "window_ns": [lo, hi] if lo is not None else None,
         "duration_s": options.get("duration_s"),
-        "profiler_windows": [[int(w["start_ns"]), int(w["end_ns"])] for w in leader.get("windows") or [] if not w.get("failed")],
+        "profiler_windows": union_windows({int(w["k"]): (int(w["start_ns"]), int(w["end_ns"])) for w in ex.get("windows") or []
+                                           if not w.get("failed")} for ex in extras.values()),
         "windows": wins.to_dicts(),
         "window_telemetry": _window_telemetry(counters, wins),
         "summary": summarize(leader),

@@ -31,11 +31,24 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["Backend", "Board", "FileBoard", "MemoryBoard", "WindowController", "WindowSpec"]
+__all__ = ["Backend", "Board", "FileBoard", "MemoryBoard", "WindowController", "WindowSpec", "union_windows"]
+
+
+def union_windows(per_rank: Iterable[Mapping[int, tuple[int, int]]]) -> list[list[int]]:
+    """The capture's profiler windows from every rank's own: window ``k`` spans from the first rank's start to the
+    last rank's stop. Ranks open and close a window at the same step, not the same instant (rank 0 decides; the
+    others hear of it a little later), so one rank's windows alone leave the others' first and last operators out
+    of every analysis. ``per_rank``: per rank, window index -> (start_ns, end_ns) of the windows it completed."""
+    spans: dict[int, list[int]] = {}
+    for wins in per_rank:
+        for k, (a, b) in wins.items():
+            cur = spans.get(k)
+            spans[k] = [int(a), int(b)] if cur is None else [min(cur[0], int(a)), max(cur[1], int(b))]
+    return [spans[k] for k in sorted(spans)]
 
 
 @dataclass(frozen=True)
