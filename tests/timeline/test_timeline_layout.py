@@ -47,11 +47,13 @@ PROBE = """<script>
     res.legends = lgs.map(function (l) {
       return Array.prototype.map.call(l.querySelectorAll('text'), function (t) { return t.textContent; });
     });
-    var sel = '.xtick text, .ytick text, .infolayer text';
+    // every axis' ticks: plotly's classes are xtick, x2tick, y3tick, ... (one per axis id)
+    var sel = 'g[class$="tick"] text, .infolayer text';
     document.querySelectorAll(sel).forEach(function (e) {
       var r = e.getBoundingClientRect(), t = e.textContent.trim();
       if (!t || r.width === 0) return;
-      var kind = e.closest('.xtick') ? 'xtick' : e.closest('.ytick') ? 'ytick' : /^legend\\d*text$/.test(e.getAttribute('class') || '') ? 'legend' : 'title';
+      var tk = e.closest('g[class$="tick"]'), tc = tk ? tk.getAttribute('class') || '' : '';
+      var kind = /^x\\d*tick$/.test(tc) ? 'xtick' : /^y\\d*tick$/.test(tc) ? 'ytick' : /^legend\\d*text$/.test(e.getAttribute('class') || '') ? 'legend' : 'title';
       res.texts.push({t: t, kind: kind, l: r.left, r: r.right, top: r.top, b: r.bottom});
     });
     var mb = document.querySelector('.modebar');

@@ -130,12 +130,13 @@ var ovRows = OV.rows.length;
 if (ovRows) blocks.push({kind: 'ov', h: Math.max(90, ovRows * 7)});
 (P.counters || []).forEach(function (g) { blocks.push({kind: 'ovc', h: Math.max(24, g.rows.length * 10), g: g}); });
 blocks.push({kind: 'det', h: Math.max(120, nLanes * LANE_PX)});
-var detGroups = groupCounters(P.counters_window);
+var detGroups = groupCounters(P.counters_window), DETC_STANDOFF = 6;
 detGroups.forEach(function (g) {
   var items = 0, titleW = textPx(g.title + ' (' + g.unit + ')', 10) + 24;
   g.series.forEach(function (s) { items += textPx('r' + s.rank + ' ' + s.name, 10) + 46; });
   var rows = Math.max(1, Math.ceil(items / Math.max(200, PLOT_W - titleW)));
-  blocks.push({kind: 'detc', h: 85, g: g, gap: 12 + 19 * rows});
+  // the gap holds the chart above's time ticks (pushed down by DETC_STANDOFF), then this chart's title and legend
+  blocks.push({kind: 'detc', h: 85, g: g, gap: 30 + DETC_STANDOFF + 19 * rows});
 });
 var plotH = 0;
 blocks.forEach(function (b, i) { plotH += b.h + (i ? (b.gap || GAP) : 0); });
@@ -197,7 +198,8 @@ blocks.forEach(function (b) {
                      side: 'top'});
     buildDetail(detAx);
   } else if (b.kind === 'detc') {
-    var a2 = addAxes(b.h, detAx ? detAx.x : null, {fixedrange: true, rangemode: 'tozero'}, {});
+    // time labels a little below the axis: the first ("0 ms") clears the y axis' bottom label ("0")
+    var a2 = addAxes(b.h, detAx ? detAx.x : null, {fixedrange: true, rangemode: 'tozero'}, {ticklabelstandoff: DETC_STANDOFF});
     buildCounters(a2, b.g, 1);
   }
 });
@@ -473,10 +475,13 @@ function buildDetail(ax) {
       while (lo2 < hi2) { var m = (lo2 + hi2) >> 1; if (ks[m] < target) lo2 = m + 1; else hi2 = m; }
       for (j = lo2; j < b; j++) {
         if (ks[j] > vhi) break;
-        // a collective's name sits on its transfer: the wait before it is covered by the wait overlay
+        // a collective's name sits on its transfer (the wait before it is covered by the wait overlay); when only
+        // the wait is in view, on the wait, in black (the overlay is a light colour)
         var w0 = collOf && collOf[j] >= 0 ? Math.min(cw[collOf[j]], kd[j]) : 0;
         var vs = Math.max(ks[j] + w0, vlo), ve = Math.min(ks[j] + kd[j], vhi);
-        if (ve - vs >= minUs) cand.push([j, ve - vs, vs, ve]);
+        if (ve - vs >= minUs) { cand.push([j, ve - vs, vs, ve, false]); continue; }
+        var ws = Math.max(ks[j], vlo), we = Math.min(ks[j] + w0, vhi);
+        if (w0 > 0 && we - ws >= minUs) cand.push([j, we - ws, ws, we, true]);
       }
     }
     cand.sort(function (p, q) { return q[1] - p[1]; });
@@ -487,7 +492,7 @@ function buildDetail(ax) {
       if (nm.length > nch) nm = nm.slice(0, nch - 1) + '…';
       // WebGL text is drawn on the canvas (never parsed as HTML): the name as it is, in black or white,
       // whichever contrasts more with its segment's colour (WCAG AA, palette.text_color_on)
-      lx.push(x0 + (c[2] + c[3]) / 2000); ly.push(kl[c[0]]); lt.push(nm); lc.push(LABEL_COLORS[kc[c[0]]]);
+      lx.push(x0 + (c[2] + c[3]) / 2000); ly.push(kl[c[0]]); lt.push(nm); lc.push(c[4] ? '#000000' : LABEL_COLORS[kc[c[0]]]);
     });
     STATUS.labels = lt.length;
     STATUS.label_colors = lc.slice(0, 50);
