@@ -532,8 +532,9 @@ def parse_threads() -> int:
 
 
 def _result(f: Future) -> Any:
-    """``f.result()`` in bounded waits with an interrupt check between them (Ctrl-C stops at once)."""
-    return _interrupt.wait_future(f, "read")
+    """``f.result()`` in bounded waits with an interrupt check between them (Ctrl-C stops at once). Labelled apart
+    from the per-chunk ``read`` checks: how often a wait checks depends on the machine's load, a chunk count not."""
+    return _interrupt.wait_future(f, "read.wait")
 
 
 def _decode_stream(es: EventStream, p: Path, exact: bool | None,
