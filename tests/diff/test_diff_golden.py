@@ -62,7 +62,7 @@ def test_per_step_category_times_and_step_p50() -> None:
     # tokens/s: the step table's definition (as `analyze`): tokens over step time, 4 steps x 8 tokens / 4 x 6.5 ms
     assert sc["tokens_per_s"]["before"] == pytest.approx(32 / (4 * 6.5e-3))
     assert sc["tokens_per_s"]["after"] == pytest.approx(32 / (4 * 4.5e-3))
-    assert d.verdict[0].startswith("after is 1.44× faster per step (step -31%: p50 6.500 → 4.500 ms)")  # 6.5 / 4.5
+    assert d.verdict[0].startswith("after is 1.44× faster per step (step -31%: p50 6.500 → 4.500 ms over 4 steps paired by step number")  # 6.5 / 4.5
     assert any("moe_gemm -2.000 ms/step (-50.0%)" in v for v in d.verdict)
 
 

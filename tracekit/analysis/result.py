@@ -126,7 +126,12 @@ class AnalysisResult:
         return st.filter(~pl.col("no_gpu")) if "no_gpu" in st.columns else st
 
     def steps_per_rank(self) -> float:
-        st = self.profiled_steps()
+        """Profiled steps per rank in the window, with or without GPU work (the window's time covers them all: the
+        per-step basis of ``diff``; a step whose ops the profiler cut still took its share of the window)."""
+        st = self.step_table
+        if st.height == 0:
+            return 0.0
+        st = st.filter(pl.col("profiled").fill_null(True)) if "profiled" in st.columns else st
         if st.height == 0:
             return 0.0
         m = st.group_by("rank").len()["len"].mean()

@@ -14,7 +14,14 @@ Kernel matching: per-basis kernel time is matched by exact name first; the time
 of names present in only one run is then pooled per category and compared as a
 ``category`` row (e.g. a MoE GEMM kernel renamed by a new backend).
 
-Verdict: short sentences, most important first — headline change (step time
+Steps, like with like (:func:`match_steps`): the step times compared are those of the steps both runs hold —
+matched by the program's step number (``ProfilerStep#N``, ``forward#i``) when at least half of the smaller run's
+steps share one with the other run, else by ordinal (the n-th step of each run) — of the before run's primary
+shape (:mod:`tracekit.analysis.steptime`). The change must exceed a noise band: the larger of ``noise_frac`` and
+twice the standard error of the two medians (1.25 × 1.4826 × MAD / √n each, relative to the before p50), so a
+diff of a run with itself, or of two runs with the same steps, reads "no significant change".
+
+Verdict: short sentences, most important first — headline change (matched step time
 p50, else GPU busy time), the categories that explain it, tokens/s,
 collective wait vs transfer, the kernel that changed most, power. Changes
 below ``noise_frac`` (default 2 %) read as "no significant change".
@@ -28,10 +35,12 @@ from typing import Any, Mapping
 import polars as pl
 
 from tracekit._errors import Quality, QualityLog
+from tracekit.analysis.passes.steps import counted_steps
 from tracekit.analysis.result import AnalysisResult
 from tracekit.analysis.sections import UnsetType
+from tracekit.analysis.steptime import job_steps, of_shape, p50, primary_shape, quantile
 
-__all__ = ["RunSummary", "DiffResult", "summarize_result", "summarize_run", "diff_runs", "NOISE_FRAC"]
+__all__ = ["RunSummary", "DiffResult", "StepMatch", "summarize_result", "summarize_run", "diff_runs", "match_steps", "NOISE_FRAC"]
 
 NOISE_FRAC = 0.02
 
@@ -53,6 +62,8 @@ class RunSummary:
     kernels: pl.DataFrame  # name, category, count, total_ns (per-rank means)
     power: dict[str, Any]
     quality: list[Quality] = field(default_factory=list)
+    #: the job steps that count (:func:`tracekit.analysis.steptime.job_steps`: job, step_id, mode, tokens, step_ns)
+    jobs: pl.DataFrame = field(default_factory=lambda: job_steps(pl.DataFrame()))
 
     @property
     def has_steps(self) -> bool:
@@ -68,6 +79,72 @@ class RunSummary:
         }
 
 
+@dataclass(frozen=True)
+class StepMatch:
+    """The steps a diff compares (module doc): how they were paired, how many, their p50/p90 on each side and the
+    noise band a change must exceed (a fraction of the before p50)."""
+
+    by: str  # "label" (the program's step numbers) | "ordinal" | "none"
+    n: int  # paired steps of the before run's primary shape
+    mode: str | None
+    tokens: int | None
+    before_p50_ns: float | None
+    after_p50_ns: float | None
+    before_p90_ns: float | None
+    after_p90_ns: float | None
+    noise_frac: float
+    unpaired_before: int  # job steps of either run left out (not in the other run, or of another shape)
+    unpaired_after: int
+
+    @property
+    def rel(self) -> float | None:
+        if not self.before_p50_ns or self.after_p50_ns is None:
+            return None
+        return (self.after_p50_ns - self.before_p50_ns) / self.before_p50_ns
+
+    def to_json(self) -> dict[str, Any]:
+        return {"by": self.by, "n": self.n, "mode": self.mode, "tokens": self.tokens,
+                "before_p50_ns": self.before_p50_ns, "after_p50_ns": self.after_p50_ns,
+                "before_p90_ns": self.before_p90_ns, "after_p90_ns": self.after_p90_ns, "rel": self.rel,
+                "noise_frac": self.noise_frac, "unpaired_before": self.unpaired_before,
+                "unpaired_after": self.unpaired_after}
+
+
+def _se_median(x: pl.Series) -> float:
+    """Standard error of a median from the MAD (normal errors): 1.2533 × 1.4826 × MAD / √n; 0 for one value."""
+    n = x.len()
+    if n < 2:
+        return 0.0
+    med = p50(x)
+    mad = p50((x.cast(pl.Float64) - med).abs())
+    return float(1.2533 * 1.4826 * mad / n ** 0.5)
+
+
+def match_steps(b: pl.DataFrame, a: pl.DataFrame, noise_frac: float = 0.02) -> StepMatch:
+    """Pair the job steps of two runs (module doc) and compare their step times; ``b``/``a``: :func:`job_steps`
+    tables of the before and after run."""
+    none = StepMatch("none", 0, None, None, None, None, None, None, noise_frac, b.height, a.height)
+    if b.height == 0 or a.height == 0:
+        return none
+    ib, ia = set(b["step_id"].drop_nulls().to_list()), set(a["step_id"].drop_nulls().to_list())
+    common = ib & ia
+    cols = ["job", "step_id", "mode", "tokens", "step_ns"]
+    if common and len(common) >= 0.5 * min(b.height, a.height):
+        by = "label"
+        pairs = (b.select(cols).filter(pl.col("step_id").is_in(list(common))).unique("step_id", keep="first")
+                 .join(a.select("step_id", pl.col("step_ns").alias("after_ns")).unique("step_id", keep="first"), on="step_id"))
+    else:
+        by, n = "ordinal", min(b.height, a.height)
+        pairs = b.select(cols).sort("job").head(n).with_columns(a.sort("job").head(n)["step_ns"].alias("after_ns"))
+    mode, tokens = primary_shape(pairs)
+    shaped = of_shape(pairs, mode, tokens)
+    xb, xa = shaped["step_ns"].cast(pl.Float64), shaped["after_ns"].cast(pl.Float64)
+    pb, pa = p50(xb), p50(xa)
+    band = 2.0 * (_se_median(xb) ** 2 + _se_median(xa) ** 2) ** 0.5 / pb if pb > 0 else 0.0
+    return StepMatch(by, shaped.height, mode, tokens, pb, pa, quantile(xb, 0.9), quantile(xa, 0.9),
+                     max(noise_frac, band), b.height - shaped.height, a.height - shaped.height)
+
+
 @dataclass
 class DiffResult:
     """``categories``/``kernels``/``collectives`` tables with before, after, delta (ns on ``basis``)."""
@@ -81,10 +158,12 @@ class DiffResult:
     kernels: pl.DataFrame  # match, name, category, count_before, count_after, before_ns, after_ns, delta_ns, rel
     verdict: list[str]
     quality: list[Quality] = field(default_factory=list)
+    steps: StepMatch | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "basis": self.basis,
+            "steps": self.steps.to_json() if self.steps is not None else None,
             "before": self.before.to_json(),
             "after": self.after.to_json(),
             "scalars": self.scalars.to_dicts(),
@@ -117,6 +196,14 @@ def _steps(res: AnalysisResult) -> tuple[float, float | None, float | None, floa
     if st is None:
         return res.steps_per_rank(), None, None, None
     return res.steps_per_rank(), st.p50_ns, st.p90_ns, st.tokens_per_s
+
+
+def _jobs(res: AnalysisResult) -> pl.DataFrame:
+    """The job steps that count for the step time (the same rows :meth:`AnalysisResult.step_time` reads)."""
+    st = res.step_table
+    if st.height == 0 or "gpu_ops" not in st.columns:
+        return job_steps(pl.DataFrame())
+    return job_steps(counted_steps(st))
 
 
 def _in_spans(df: pl.DataFrame, spans: tuple[tuple[int, int], ...]) -> pl.DataFrame:
@@ -189,7 +276,7 @@ def summarize_result(res: AnalysisResult, *, label: str = "run", counters: pl.Da
     return RunSummary(
         label=label, ranks=res.ranks, window_ns=window_ns, steps_per_rank=steps, step_p50_ns=p50, step_p90_ns=p90,
         tokens_per_s=tps, buckets=buckets, busy_ns=busy, collectives=_coll_summary(res.instances, len(res.ranks)),
-        kernels=_kernels(res), power=_power(counters, res), quality=list(q),
+        kernels=_kernels(res), power=_power(counters, res), quality=list(q), jobs=_jobs(res),
     )
 
 
@@ -275,13 +362,16 @@ def _collectives(b: RunSummary, a: RunSummary, sb: float, sa: float) -> pl.DataF
     ).sort("kernel_ns_before", descending=True)
 
 
-def _scalars(b: RunSummary, a: RunSummary) -> pl.DataFrame:
+def _scalars(b: RunSummary, a: RunSummary, m: StepMatch) -> pl.DataFrame:
+    """The summary table; step p50/p90 are the paired steps' (:func:`match_steps`), the figures the verdict reads."""
+    paired = m.n > 0
     rows = [
         ("window", "ms", b.window_ns / 1e6, a.window_ns / 1e6),
         ("gpu_busy", "ms", b.busy_ns / 1e6, a.busy_ns / 1e6),
         ("steps_per_rank", "", b.steps_per_rank or None, a.steps_per_rank or None),
-        ("step_p50", "ms", _ms(b.step_p50_ns), _ms(a.step_p50_ns)),
-        ("step_p90", "ms", _ms(b.step_p90_ns), _ms(a.step_p90_ns)),
+        ("steps_compared", "", float(m.n) if paired else None, float(m.n) if paired else None),
+        ("step_p50", "ms", _ms(m.before_p50_ns if paired else b.step_p50_ns), _ms(m.after_p50_ns if paired else a.step_p50_ns)),
+        ("step_p90", "ms", _ms(m.before_p90_ns if paired else b.step_p90_ns), _ms(m.after_p90_ns if paired else a.step_p90_ns)),
         ("tokens_per_s", "tok/s", b.tokens_per_s, a.tokens_per_s),
     ]
     for k, unit in (("power_w", "W"), ("power_busy_w", "W"), ("sm_active_pct", "%"), ("tensor_active_pct", "%"),
@@ -316,12 +406,13 @@ def _pct(r: float) -> str:
 def _verdict(d: DiffResult, noise: float) -> list[str]:
     b, a, unit = d.before, d.after, ("ms/step" if d.basis == "per_step" else "ms")
     out: list[str] = []
-    if b.step_p50_ns and a.step_p50_ns:
-        r = (a.step_p50_ns - b.step_p50_ns) / b.step_p50_ns
-        head = (f"no significant change in step time (p50 {b.step_p50_ns / 1e6:.3f} → {a.step_p50_ns / 1e6:.3f} ms)"
-                if abs(r) < noise else
-                f"{a.label} is {_times(b.step_p50_ns, a.step_p50_ns)} per step (step {r * 100:+.0f}%: "
-                f"p50 {b.step_p50_ns / 1e6:.3f} → {a.step_p50_ns / 1e6:.3f} ms)")
+    m = d.steps
+    if m is not None and m.before_p50_ns and m.after_p50_ns:
+        r = m.rel or 0.0
+        what = (f"p50 {m.before_p50_ns / 1e6:.3f} → {m.after_p50_ns / 1e6:.3f} ms over {m.n} step{'s' if m.n != 1 else ''} "
+                f"paired by {'step number' if m.by == 'label' else 'order'}; noise band ±{m.noise_frac * 100:.1f}%")
+        head = (f"no significant change in step time ({what})" if abs(r) < m.noise_frac else
+                f"{a.label} is {_times(m.before_p50_ns, m.after_p50_ns)} per step (step {r * 100:+.0f}%: {what})")
     else:
         sb, sa = _scale(b, d.basis), _scale(a, d.basis)
         vb, va = b.busy_ns * sb, a.busy_ns * sa
@@ -405,9 +496,15 @@ def diff_runs(
     for code, msg in comparability_notes(before_meta, after_meta, before_kernels=b.kernels, after_kernels=a.kernels, labels=labels):
         q.add(code, msg)  # device / source format / workload shape differ: say what the comparison still means
     sb, sa = _scale(b, basis), _scale(a, basis)
+    m = match_steps(b.jobs, a.jobs, noise_frac)
+    if m.n and (m.unpaired_before or m.unpaired_after):
+        q.add("diff_steps_unpaired", f"step time compared over the {m.n} step(s) both runs hold "
+              f"(paired by {'step number' if m.by == 'label' else 'order'}); left out: {m.unpaired_before} of "
+              f"{b.label}'s, {m.unpaired_after} of {a.label}'s (in one run only, or of another shape)", severity="info")
     res = DiffResult(
-        before=b, after=a, basis=basis, scalars=_scalars(b, a), categories=_categories(b, a, sb, sa),
+        before=b, after=a, basis=basis, scalars=_scalars(b, a, m), categories=_categories(b, a, sb, sa),
         collectives=_collectives(b, a, sb, sa), kernels=_match_kernels(b, a, sb, sa, top, noise_frac / 2), verdict=[], quality=list(q),
+        steps=m,
     )
     res.verdict = _verdict(res, noise_frac)
     return res
