@@ -67,3 +67,7 @@ def test_trace_compare_pair_reads_no_change(tmp_path: Path) -> None:
     mem = d.categories.filter(pl.col("bucket") == "memory").row(0, named=True)
     assert abs(mem["rel"] or 0.0) < 0.02  # per step: the same copies over the same two steps (was +100 %)
     assert {q.code for q in d.quality} >= {"diff_steps_unpaired"}
+    # each note once: the same flag from both analyses is one line "(both runs)" (issue 30 item 11)
+    notes = d.notes()
+    assert [q.code for q, _ in notes].count("moe_not_detected") == 1
+    assert ("moe_not_detected", "both runs") in {(q.code, who) for q, who in notes}

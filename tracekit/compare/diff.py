@@ -160,6 +160,22 @@ class DiffResult:
     quality: list[Quality] = field(default_factory=list)
     steps: StepMatch | None = None
 
+    def notes(self) -> list[tuple[Quality, str]]:
+        """Every note once, with whose it is: the comparison's (``""``), one run's (its label), or ``"both runs"``
+        when the two analyses flag the same thing in the same words (each view prints this list, never the three
+        lists one after another)."""
+        out: list[tuple[Quality, str]] = [(q, "") for q in self.quality]
+        seen_b = {(q.code, q.message, q.rank) for q in self.before.quality}
+        seen_a = {(q.code, q.message, q.rank) for q in self.after.quality}
+        for q in self.before.quality:
+            out.append((q, "both runs" if (q.code, q.message, q.rank) in seen_a else self.before.label))
+        out += [(q, self.after.label) for q in self.after.quality if (q.code, q.message, q.rank) not in seen_b]
+        keep: list[tuple[Quality, str]] = []
+        for q, who in out:  # a run that flags the same thing twice (two ranks' identical words) shows it once
+            if not any(k.code == q.code and k.message == q.message and kw == who for k, kw in keep):
+                keep.append((q, who))
+        return keep
+
     def to_json(self) -> dict[str, Any]:
         return {
             "basis": self.basis,

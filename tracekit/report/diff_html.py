@@ -125,9 +125,10 @@ def render_html(res: Any) -> str:
             f'<td>{_ms(r["before_ns"])}</td><td>{_ms(r["after_ns"])}</td><td>{_ms(r["delta_ns"])}</td>{_rel(r["rel"])}</tr>'
             for r in res.kernels.to_dicts()
         ], left=3))
-    qs = list(res.quality) + list(res.before.quality) + list(res.after.quality)
+    qs = res.notes()
     if qs:
         out.append("<h2>Data quality</h2><ul>" + "".join(
-            f'<li class="note">[{_e(q.code)}] {_e(q.message)}</li>' for q in qs) + "</ul>")
+            f'<li class="note">[{_e(q.code)}]' + (f" ({_e(who)})" if who else "") + f' {_e(q.message)}</li>'
+            for q, who in qs) + "</ul>")
     out.append("</body></html>\n")
     return "".join(out)

@@ -78,7 +78,7 @@ def render_terminal(res: Any, console: Console | None = None, *, width: int | No
                 Col("match", "text", min_width=8, group="m"), Col("category", "text", min_width=13, group="m")]
         for t in fit_tables(f"kernels whose time changed most ({unit})", cols, rows, w):
             con.print(t)
-    qs = list(res.quality) + list(res.before.quality) + list(res.after.quality)
+    qs = res.notes()
     if qs:
-        con.print(bullets([Text(f"note [{q.code}]: {q.message}", style="yellow" if q.severity == "warning" else "dim")
-                           for q in qs], marker="-"))
+        con.print(bullets([Text(f"note [{q.code}]" + (f" ({who})" if who else "") + f": {q.message}",
+                                style="yellow" if q.severity == "warning" else "dim") for q, who in qs], marker="-"))
