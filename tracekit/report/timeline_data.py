@@ -273,6 +273,14 @@ def _span_label(i: int, spans: Sequence[tuple[int, int]], windowed: bool) -> str
     return f"profiler window {i + 1} of {len(spans)}" if windowed else "the profiled stretch"
 
 
+def _steps_label(ids: Sequence[int], n_steps: int) -> str:
+    """``step 7``, ``steps 7–9``, or ``3 steps`` when they carry no ids."""
+    if not ids:
+        return f"{n_steps} steps"
+    lo, hi = min(ids), max(ids)
+    return f"step {lo}" if lo == hi else f"steps {lo}–{hi}"
+
+
 def choose_window(
     df: pl.DataFrame,
     ops: pl.DataFrame,
@@ -304,8 +312,8 @@ def choose_window(
         if hit.height == 0:
             hit = ops.filter(pl.col("step_id") == step)
         if hit.height == 0:
-            ids = steps.get_column("step_id").drop_nulls()
-            have = f"steps {ids.min()}..{ids.max()}" if ids.len() else "no step annotations"
+            all_ids: list[int] = steps.get_column("step_id").drop_nulls().to_list()
+            have = f"steps {min(all_ids)}..{max(all_ids)}" if all_ids else "no step annotations"
             raise UsageError(f"--step {step}: not in the trace ({have}); pick another step")
         lo, hi = hit.select(pl.col("ts_ns").min().alias("lo"), (pl.col("ts_ns") + pl.col("dur_ns")).max().alias("hi")).row(0)
         return Window(int(lo), int(hi), f"step {step}")
@@ -333,8 +341,7 @@ def choose_window(
                 lo, hi = lo2, hi2
         sa, sb = spans[int(sp[i])]
         lo, hi = max(int(lo), sa), min(int(hi), sb)  # inside the profiled span (a step may begin before it)
-        label = (f"step {ids.min()}" if ids.len() and ids.min() == ids.max() else
-                 f"steps {ids.min()}–{ids.max()}" if ids.len() else f"{pick.height} steps")
+        label = _steps_label(ids.to_list(), pick.height)
         where = _span_label(int(sp[i]), spans, windowed)
         return Window(int(lo), int(hi), f"{label} in {where}: representative (median-length steps, mid-capture)")
     if ops.height:
@@ -519,18 +526,18 @@ def counter_overview(df: pl.DataFrame, base_ns: int, end_ns: int, nbins: int) ->
         grp = groups.setdefault(title, {"group": esc(title), "unit": esc(unit), "rows": [], "z": []})
         grp["rows"].append([int(rank), esc(name)])
         grp["z"].append(filled)
-    out = []
+    out: list[dict[str, Any]] = []
     for title in sorted(groups, key=lambda t: _GROUP_ORDER.index(t) if t in _GROUP_ORDER else 99):
-        g = groups[title]
-        z = np.vstack(g.pop("z"))
+        gd = groups[title]
+        z = np.vstack(gd.pop("z"))
         finite = z[np.isfinite(z)]
         lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
         if title in ("activity %", "PCIe % of link"):
             lo, hi = 0.0, max(100.0, hi)
         elif lo >= 0:
             lo = 0.0
-        g.update({"nbins": nbins, "zmin": lo, "zmax": hi if hi > lo else lo + 1, "z": b64(z.ravel(), "f4")})
-        out.append(g)
+        gd.update({"nbins": nbins, "zmin": lo, "zmax": hi if hi > lo else lo + 1, "z": b64(z.ravel(), "f4")})
+        out.append(gd)
     return out
 
 

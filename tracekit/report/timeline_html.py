@@ -74,7 +74,8 @@ def plotly_js() -> str:
     """The plotly.js bundle shipped inside the plotly Python package (no network)."""
     from plotly.offline import get_plotlyjs
 
-    return get_plotlyjs()
+    js: str = get_plotlyjs()
+    return js
 
 
 def _prep(df: pl.DataFrame) -> pl.DataFrame:
@@ -161,9 +162,9 @@ def _breakdown_html(analysis: Mapping[str, Any], cats: list[str], colors: list[s
         return "<p class=note>No breakdown (run with an analysis to see per-rank category shares).</p>"
     keys: list[str] = []
     for r in ranks:
-        t = r.get("time_ns") if isinstance(r, Mapping) else None
-        if isinstance(t, Mapping):
-            for k in t:
+        t0 = r.get("time_ns") if isinstance(r, Mapping) else None
+        if isinstance(t0, Mapping):
+            for k in t0:
                 if k not in keys:
                     keys.append(str(k))
     order = [c for c in cats if c in keys] + [k for k in keys if k not in cats and k != "idle"]
@@ -177,7 +178,8 @@ def _breakdown_html(analysis: Mapping[str, Any], cats: list[str], colors: list[s
     for r in ranks:
         if not isinstance(r, Mapping):
             continue
-        t = r.get("time_ns") if isinstance(r.get("time_ns"), Mapping) else {}
+        tn = r.get("time_ns")
+        t: Mapping[str, Any] = tn if isinstance(tn, Mapping) else {}
         win = _window_len(r.get("window_ns")) or float(sum(v for v in t.values() if isinstance(v, (int, float)))) or 1.0
         cells = []
         for k in order:
