@@ -123,14 +123,17 @@ class _Control:
             cmd = self.auto.decide(step, time.monotonic(), self.windows.recording)
         self.flag[0], self.flag[1] = want, cmd
         dist.all_reduce(self.flag, op=dist.ReduceOp.MAX, group=self.ctrl)
-        if int(self.flag[0]):
-            return "interrupted" if int(self.flag[0]) == 2 else "duration"
-        if int(self.flag[1]) == OPEN:
+        # one read of the agreed flags, with tolist (no aten::item): the capture's own control step must not show in
+        # the trace as host readbacks of the program (idle by cause would count them as host syncs between steps)
+        stop, got = self.flag.tolist()
+        if stop:
+            return "interrupted" if stop == 2 else "duration"
+        if got == OPEN:
             self.windows.open(self.k)
             self.k += 1
             if self.auto is not None:
                 self.auto.opened(time.monotonic())
-        elif int(self.flag[1]) == CLOSE:
+        elif got == CLOSE:
             stopped = time.monotonic()
             self.windows.close()
             if self.auto is not None:
