@@ -20,7 +20,10 @@ def test_step_stats_percentiles_and_tokens():
     durs = sorted(s.steps["dur_ns"].to_list())
     assert row["max_ns"] == durs[-1]
     assert row["p50_ns"] == durs[len(durs) // 2 - 1] or row["p50_ns"] == durs[len(durs) // 2]
-    assert row["tokens_per_s"] == pytest.approx(80 / (sum(durs) * 1e-9))
+    # tokens/s = tokens per step / the step time p50 (job steps: the slowest rank's), as the trace's step time
+    assert row["tokens_per_s"] == pytest.approx(8 / (row["step_p50_ns"] * 1e-9))
+    assert s.step_time is not None and row["step_p50_ns"] == s.step_time.p50_ns
+    assert row["tokens_per_s"] == pytest.approx(s.step_time.tokens_per_s)  # one definition, one figure
     # per-step breakdown: 2 GEMM + 2 MoE GEMM kernels of 200 µs, 4 allreduces
     st0 = s.steps.filter((pl.col("rank") == 0) & (pl.col("step_id") == 1)).row(0, named=True)
     assert st0["moe_gemm_ns"] == 400_000 and st0["dense_gemm_ns"] == 400_000 and st0["gpu_ops"] == 8

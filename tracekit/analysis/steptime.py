@@ -79,22 +79,27 @@ def p50(x: np.ndarray | pl.Series | list[float]) -> float:
 
 def job_steps(steps: pl.DataFrame) -> pl.DataFrame:
     """One row per job step: ``job`` (ordinal), ``mode``, ``tokens``, ``step_ns`` (max over ranks), ``start_ns``
-    (min over ranks), ``ranks``, ``step_id`` (the program's own step number, the smallest over ranks; null without).
+    (min over ranks), ``ranks``, ``step_id`` (the program's own step number, the smallest over ranks; null without),
+    ``batch_size``, ``dur_ns`` (host range) and ``gpu_span_ns`` (max over ranks; null where the rows lack them).
 
     ``steps``: one row per (rank, step) that counts (see module doc: the caller filters), with ``rank``,
     ``start_ns``, ``step_ns`` and, where known, ``mode`` and ``tokens``. The n-th row of each rank in ``start_ns``
     order is job step n."""
     if steps.height == 0:
         return pl.DataFrame(schema={"job": pl.Int64, "mode": pl.String, "tokens": pl.Int64, "step_ns": pl.Int64,
-                                    "start_ns": pl.Int64, "ranks": pl.UInt32, "step_id": pl.Int64})
-    st = steps.with_columns(
-        (pl.col("mode").cast(pl.String) if "mode" in steps.columns else pl.lit(None, pl.String)).alias("mode"),
-        (pl.col("tokens").cast(pl.Int64) if "tokens" in steps.columns else pl.lit(None, pl.Int64)).alias("tokens"),
-        (pl.col("step_id").cast(pl.Int64) if "step_id" in steps.columns else pl.lit(None, pl.Int64)).alias("step_id"),
-    ).sort(["rank", "start_ns"]).with_columns(pl.int_range(pl.len()).over("rank").cast(pl.Int64).alias("job"))
+                                    "start_ns": pl.Int64, "ranks": pl.UInt32, "step_id": pl.Int64, "batch_size": pl.Int64,
+                                    "dur_ns": pl.Int64, "gpu_span_ns": pl.Int64})
+
+    def col(name: str, dtype: type[pl.DataType]) -> pl.Expr:
+        return (pl.col(name).cast(dtype) if name in steps.columns else pl.lit(None, dtype)).alias(name)
+
+    st = steps.with_columns(col("mode", pl.String), col("tokens", pl.Int64), col("step_id", pl.Int64),
+                            col("batch_size", pl.Int64), col("dur_ns", pl.Int64), col("gpu_span_ns", pl.Int64),
+                            ).sort(["rank", "start_ns"]).with_columns(pl.int_range(pl.len()).over("rank").cast(pl.Int64).alias("job"))
     return (st.group_by("job").agg(pl.col("mode").drop_nulls().first(), pl.col("tokens").max(),
                                    pl.col("step_ns").max(), pl.col("start_ns").min(), pl.col("rank").n_unique().alias("ranks"),
-                                   pl.col("step_id").min())
+                                   pl.col("step_id").min(), pl.col("batch_size").max(), pl.col("dur_ns").max(),
+                                   pl.col("gpu_span_ns").max())
             .sort("job"))
 
 

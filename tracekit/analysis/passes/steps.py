@@ -12,10 +12,12 @@ durations (not exclusive). Profiled steps with no GPU op are flagged.
 
 **The trace's step time** is :attr:`StepStats.step_time` (JSON ``steps.step_time``): the p50 of the primary
 shape's job steps and its tokens/s (:mod:`tracekit.analysis.steptime`). Every view that prints *the* step time or
-tokens/s (the steps finding, next win, replay's baseline, diff) reads that one value. ``summary`` breaks the
-profiled steps down by (mode, batch size) over every rank's rows (``p50_ns``/``p90_ns`` of the host range,
-``step_p50_ns``/``step_p90_ns`` of ``step_ns``, ``tokens_per_s`` = tokens / summed ``step_ns``); unprofiled step
-records (``profiled=false``: the program's own clock) are left out of it and summarized in ``unprofiled``.
+tokens/s (the steps finding, next win, replay's baseline, diff) reads that one value. ``summary`` breaks the same
+job steps (the steps that count, the max over ranks of each) down by (mode, batch size), with the same definitions:
+``steps`` (job steps), ``p50_ns``/``p90_ns``/``max_ns`` of the host range, ``gpu_span_p50_ns``,
+``step_p50_ns``/``step_p90_ns`` of ``step_ns`` and ``tokens_per_s`` = the median tokens per step / ``step_p50_ns``
+(so the primary shape's row repeats ``step_time``); unprofiled step records (``profiled=false``: the program's own
+clock) are left out of it and summarized in ``unprofiled``.
 """
 
 from __future__ import annotations
@@ -141,26 +143,31 @@ def step_finish(parts: list[StepPart]) -> StepStats:
     if n_no:
         q.add("steps_without_gpu", f"{n_no} profiled step(s) have no GPU op attributed (graph replay without attribution, "
               "or the profiler window cut them)", count=n_no)
-    prof = out.filter(~pl.col("no_gpu") & pl.col("profiled").fill_null(True))
-    summary = (
-        prof.group_by(["mode", "batch_size"])
+    counted = counted_steps(out)
+    st = step_time(counted)
+    return StepStats(out, _summary(job_steps(counted)), list(q), st, _unprofiled(out, st))
+
+
+def _summary(job: pl.DataFrame) -> pl.DataFrame:
+    """The job steps by (mode, batch size): the module doc's ``summary`` (the definitions of ``step_time``)."""
+    if job.height == 0:
+        return pl.DataFrame()
+    return (
+        job.group_by(["mode", "batch_size"])
         .agg(
-            pl.col("step_id").n_unique().alias("steps"),
+            pl.len().cast(pl.UInt32).alias("steps"),
             pl.col("dur_ns").quantile(0.5, "nearest").alias("p50_ns"),
             pl.col("dur_ns").quantile(0.9, "nearest").alias("p90_ns"),
             pl.col("dur_ns").max().alias("max_ns"),
             pl.col("gpu_span_ns").quantile(0.5, "nearest").alias("gpu_span_p50_ns"),
             pl.col("step_ns").quantile(0.5, "nearest").alias("step_p50_ns"),
             pl.col("step_ns").quantile(0.9, "nearest").alias("step_p90_ns"),
-            # over the steps that carry a token count; null (not 0) when none does
-            pl.when(pl.col("tokens").count() > 0)
-            .then(pl.col("tokens").sum() / (pl.col("step_ns").filter(pl.col("tokens").is_not_null()).sum() * 1e-9))
+            # tokens per step / the step time (as step_time); null (not 0) when no step carries a token count
+            (pl.col("tokens").quantile(0.5, "nearest") / (pl.col("step_ns").quantile(0.5, "nearest") * 1e-9))
             .alias("tokens_per_s"),
         )
         .sort(["mode", "batch_size"], nulls_last=True)
     )
-    st = step_time(counted_steps(out))
-    return StepStats(out, summary, list(q), st, _unprofiled(out, st))
 
 
 def counted_steps(steps: pl.DataFrame) -> pl.DataFrame:
