@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, TextIO
 
 from tracekit.report._fmt import Col, bullets, console_width, fit_tables
+from tracekit.report.terminal_sections import sections
 from rich.text import Text
 
 __all__ = ["render_analysis", "fmt_ns"]
@@ -29,7 +30,8 @@ def _pct(v: float, w: float) -> str:
 
 
 def render_analysis(res: dict[str, Any], out: TextIO | None = None, *, width: int | None = None) -> None:
-    """Findings first, then the breakdown per rank, top kernels, uncategorized kernels, quality.
+    """Findings first, then the breakdown per rank, collectives (transfer vs wait), stalls, idle by cause, PCIe
+    phases, steps, next win (:mod:`tracekit.report.terminal_sections`), top kernels, uncategorized kernels, quality.
 
     ``width``: columns; default the real terminal's width (80 in a pipe or a file, or ``$COLUMNS``).
     Tables never cut a number or a unit: they split into parts that fit (each repeating the
@@ -70,6 +72,8 @@ def render_analysis(res: dict[str, Any], out: TextIO | None = None, *, width: in
     win = res.get("window") or {}
     if win.get("trimmed_transient_ns"):
         con.print(f"window: trimmed the first {fmt_ns(win['trimmed_transient_ns'])} (profiler-start transient)")
+    for sec in sections(res, w_con, fmt_ns):
+        con.print(sec)
     tk = res.get("top_kernels") or {}
     if tk:
         cols = [Col("category", "text", key=True, min_width=8), Col("kernel", "text", key=True, max_width=70), Col("count"),
@@ -79,13 +83,16 @@ def render_analysis(res: dict[str, Any], out: TextIO | None = None, *, width: in
         for t in fit_tables("Top kernels per category (all ranks)", cols, rows, w_con):
             con.print(t)
     unc = res.get("uncategorized_top") or []
-    if unc:
+    shown = {row["name"] for items in tk.values() for row in items}
+    rest = [row for row in unc if row["name"] not in shown]  # a row of the table above is not repeated
+    if rest:
         cols = [Col("kernel", "text", key=True, max_width=80), Col("count"), Col("total")]
-        rows = [[row["name"], str(row["count"]), fmt_ns(row["total_ns"])] for row in unc[:5]]
-        for t in fit_tables("Top uncategorized kernels (no rule matched; extend with --rules)", cols, rows, w_con):
+        rows = [[row["name"], str(row["count"]), fmt_ns(row["total_ns"])] for row in rest[:5]]
+        for t in fit_tables("Other uncategorized kernels (no rule matched; extend with --rules)", cols, rows, w_con):
             con.print(t)
-    for sec in res.get("_terminal_sections", []) or []:
-        con.print(sec, markup=False)
+    if unc and len(rest) < len(unc):
+        con.print(f"{len(unc) - len(rest)} of the top kernels above matched no rule (counted other_compute; name them "
+                  "with --rules)")
     q = res.get("quality") or []
     if q:
         con.print("[bold]Data quality[/bold]")
