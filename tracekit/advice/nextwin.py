@@ -295,9 +295,9 @@ def confidence_text(c: Mapping[str, Any]) -> str:
 
 def next_win_finding(nw: Mapping[str, Any]) -> str | None:
     """One sentence: the ranked changes that can be made as stated, with predicted step time, tokens/s and confidence;
-    after each, the changes it makes possible (``then``); or why there is none."""
-    if nw.get("status") == "cpu_mode":
-        return f"Next win: not replayed — {nw['why']}."
+    after each, the changes it makes possible (``then``); None when there is none (a CPU-mode trace is not replayed:
+    the report's next-win section and ``next_win.why`` say so, but it is no finding: it would rank above what the
+    trace does show)."""
     if nw.get("status") != "ok" or not nw.get("rows"):
         return None
     b = nw["baseline"]

@@ -139,7 +139,8 @@ def next_win(res: dict[str, Any], width: int, fmt: Fmt) -> list[RenderableType]:
     if not nw:
         return []
     if not rows_in:
-        why = nw.get("status") if nw.get("status") not in (None, "ok") else "no change predicted a gain"
+        why = ("not replayed — " + str(nw["why"]) if nw.get("why") else str(nw.get("status"))) \
+            if nw.get("status") not in (None, "ok") else "no change predicted a gain"
         skipped = [f"{k.get('what')}: {k.get('why')}" for k in nw.get("skipped") or []]
         return [Text("Next win: " + str(why)), *([bullets(skipped, marker="-")] if skipped else [])]
     base = nw.get("baseline") or {}
