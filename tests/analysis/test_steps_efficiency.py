@@ -90,3 +90,22 @@ def test_kernel_efficiency_and_moe_flag():
 def test_kernel_efficiency_without_shapes():
     df, meta = build(ranks=1, steps=1)
     assert kernel_efficiency(df, meta).height == 0
+
+
+def test_moe_gemm_verdict_never_says_no_kernels_when_there_are_some():
+    """Issue 30 item 9: MoE GEMM time in the breakdown, but steps without a token count (an nsys capture with NVTX
+    steps) read ``no_moe_gemm_kernels``; now the verdict says what is missing."""
+    from tracekit.analysis.passes.efficiency import moe_gemm_finish, moe_gemm_part
+    from tracekit.schema import frame_from_rows
+
+    meta = {"world_size": 1, "capture": {"workload": {"model": {"hidden": 1024, "moe_intermediate": 512, "n_experts": 8,
+                                                               "top_k": 2, "n_layers": 1, "dtype": "bfloat16"}}}}
+    rows = [{"rank": 0, "kind": "step", "ts_ns": 0, "dur_ns": 1_000_000, "name": "step", "step_id": 0},
+            {"rank": 0, "kind": "kernel", "ts_ns": 10, "dur_ns": 500_000, "name": "fused_moe_kernel", "category": "moe_gemm",
+             "step_id": 0, "device": 0, "stream": 7}]
+    df = frame_from_rows(rows)
+    assert moe_gemm_finish([moe_gemm_part(df, meta)], meta)["status"] == "no_token_counts"
+    with_tokens = frame_from_rows([{**rows[0], "tokens": 16}, rows[1]])
+    assert moe_gemm_finish([moe_gemm_part(with_tokens, meta)], meta)["status"] == "ok"
+    no_moe = frame_from_rows([rows[0], {**rows[1], "category": "dense_gemm", "name": "gemm"}])
+    assert moe_gemm_finish([moe_gemm_part(no_moe, meta)], meta)["status"] == "no_moe_gemm_kernels"

@@ -270,21 +270,22 @@ def workload_moe_shape(meta: TraceMeta | None) -> dict[str, Any] | None:
 
 
 def moe_gemm_part(df: pl.DataFrame, meta: TraceMeta | None) -> pl.DataFrame:
-    """Per (rank, step): MoE GEMM kernel time and launches, the step's tokens, and the kernel with most time.
-    Only steps with a token count; empty without MoE GEMM kernels."""
+    """Per (rank, step): MoE GEMM kernel time and launches, the step's tokens (null where the step carries no
+    count; ``step_id`` null for kernels outside any step), and the kernel with most time. Empty without MoE GEMM
+    kernels, so the verdict can tell "no MoE GEMM" from "MoE GEMM, but no token counts to rate it"."""
     kind = pl.col("kind").cast(pl.String)
-    k = df.filter((kind == "kernel") & (pl.col("category").cast(pl.String) == "moe_gemm") & pl.col("step_id").is_not_null())
+    k = df.filter((kind == "kernel") & (pl.col("category").cast(pl.String) == "moe_gemm"))
     if k.height == 0:
         return pl.DataFrame()
-    per = k.group_by(pl.col("rank").cast(pl.Int64), "step_id").agg(
+    per = k.group_by(pl.col("rank").cast(pl.Int64), pl.col("step_id").cast(pl.Int64)).agg(
         pl.col("dur_ns").sum().alias("gpu_ns"), pl.len().alias("launches"))
-    st = df.filter((kind == "step") & pl.col("tokens").is_not_null()).group_by(pl.col("rank").cast(pl.Int64), "step_id").agg(
-        pl.col("tokens").max())
+    st = df.filter((kind == "step") & pl.col("tokens").is_not_null()).group_by(
+        pl.col("rank").cast(pl.Int64), pl.col("step_id").cast(pl.Int64)).agg(pl.col("tokens").max())
     # the rank's kernel with most MoE GEMM time (its tile names the verdict)
     top = k.group_by(pl.col("rank").cast(pl.Int64), pl.col("name").cast(pl.String)).agg(pl.col("dur_ns").sum()).sort(
         ["dur_ns", "name"], descending=[True, False]).group_by("rank", maintain_order=True).first().select(
         "rank", pl.col("name").alias("rank_top_kernel"))
-    return per.join(st, on=["rank", "step_id"], how="inner").join(top, on="rank", how="left")
+    return per.join(st, on=["rank", "step_id"], how="left").join(top, on="rank", how="left")
 
 
 def moe_gemm_finish(parts: list[pl.DataFrame], meta: TraceMeta | None) -> dict[str, Any]:
@@ -299,7 +300,10 @@ def moe_gemm_finish(parts: list[pl.DataFrame], meta: TraceMeta | None) -> dict[s
     if shape is None:
         return {"status": "shape_unknown", "needs": "record shapes in one short window (--record-shapes) or a capture "
                                                      "whose metadata declares the model (capture.workload.model)"}
-    t = pl.concat(have, how="vertical_relaxed").sort(["rank", "step_id"])
+    t = pl.concat(have, how="vertical_relaxed").filter(pl.col("tokens").is_not_null()).sort(["rank", "step_id"])
+    if t.height == 0:
+        return {"status": "no_token_counts", "needs": "steps that carry their token count (step labels such as "
+                "forward#i:decode:bs=N or ProfilerStep with --steps-from, SGLang's step[...] ranges, the built-in workload)"}
     h, inter, e, k, L = shape["hidden"], shape["inter"], shape["experts"], shape["top_k"], shape["layers"]
     es = dtype_bytes(shape["dtype"]) or 2
     # per step: routed FLOPs (gate + up + down = 3 GEMMs of H x I per token-expert pair), weight bytes bound
