@@ -99,3 +99,21 @@ def test_pcie_phases_section(tmp_path: Path) -> None:
     rows = joined_rows(parse_tables(text, [title])[title])
     longest = max(res["pcie_phases"], key=lambda p: p["dur_ns"])
     assert rows[0][0] == str(longest["rank"]) and fmt_ns(longest["dur_ns"]) in rows[0]
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_replay_fits_its_width(width: int) -> None:
+    """Issue 30 item 13: replay's tables split to fit (no cut numbers), and replay takes --width like analyze."""
+    from typer.testing import CliRunner
+
+    from tracekit.cli import app
+
+    r = CliRunner().invoke(app, ["replay", str(FIX / "loop.trace.parquet"), "-w", "grouped-experts", "-w", "moe_gemm=0.5",
+                                 "-w", "grouped-experts+no-host-sync+cuda-graph", "--width", str(width)])
+    assert r.exit_code == 0, r.output
+    check_width(r.output, width)
+    rows = joined_rows(parse_tables(r.output, ["predicted step time"])["predicted step time"])
+    assert [x[0] for x in rows][0] == "baseline" and len(rows) == 4
+    assert all(any(c.endswith("%") for c in x) for x in rows[1:])  # every change whole
+    bad = CliRunner().invoke(app, ["replay", str(FIX / "loop.trace.parquet"), "--width", "10"])
+    assert bad.exit_code == 64 and "--width 10" in bad.output

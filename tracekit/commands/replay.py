@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from tracekit.commands._common import handle_errors, warn_read_flags
+from tracekit.commands._common import at_least, handle_errors, warn_read_flags
 
 __all__ = ["register"]
 
@@ -31,11 +31,15 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(False, "--force", help="Overwrite --out."),
         no_calibrate: bool = typer.Option(False, "--no-calibrate", help="Do not fit the CPU-gap scale."),
         gap_scale: Optional[float] = typer.Option(None, "--gap-scale", help="Use this CPU-gap scale instead of fitting."),
+        width: Optional[int] = typer.Option(
+            None, "--width", help="Report width in columns (default: the terminal's width; 80 in a pipe or file, or $COLUMNS)."),
     ) -> None:
         """Replay a trace's dependency graph and predict step time and tokens/s under what-ifs."""
         from tracekit.replay import replay
         from tracekit.schema import atomic_path, check_output_path, read_trace
 
+        if width is not None:
+            at_least("--width", width, 40)
         df, meta = read_trace(trace)
         warn_read_flags(meta)
         target = None
@@ -59,4 +63,4 @@ def register(app: typer.Typer) -> None:
         elif not as_json:
             from tracekit.report.replay_terminal import render_replay
 
-            render_replay(res)
+            render_replay(res, width=width)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
+
+from tracekit.report._fmt import Col, console_width, fit_tables
 
 __all__ = ["render_replay"]
 
@@ -18,8 +19,10 @@ def _pct(x: float | None) -> str:
     return "-" if x is None or x != x else f"{x:+.1%}"
 
 
-def render_replay(res: Any, console: Console | None = None) -> None:
-    c = console or Console()
+def render_replay(res: Any, console: Console | None = None, *, width: int | None = None) -> None:
+    """The replay's calibration lines, then the predicted step times and the critical path per category, as tables
+    that fit ``width`` columns (default: the terminal's; 80 in a pipe or a file) and never cut a number."""
+    c = console or console_width(width)
     b = res.baseline
     c.print("[bold]tracekit replay[/bold]: dependency-graph replay "
             f"({res.graph['gpu_ops']:,} GPU ops, {res.graph['collective_instances']:,} collective instances, "
@@ -41,35 +44,35 @@ def render_replay(res: Any, console: Console | None = None) -> None:
                 "in --json by_shape)")
     else:
         c.print("noise floor: unknown (no unprofiled timings)")
-    t = Table(title="predicted step time", show_lines=False)
+    w = c.width
     has_meas = any(p.measured for p in res.what_if)
-    cols = ["scenario", "p50 ms", "mean ms", "change", "tokens/s"]
+    cols = [Col("scenario", "text", key=True, min_width=10, max_width=48), Col("p50 ms"), Col("mean ms"), Col("change"),
+            Col("tokens/s")]
     if has_meas:
-        cols += ["target measured ms", "error"]
-    for col in (*cols, "note"):
-        t.add_column(col, justify="left" if col in ("scenario", "note") else "right")
+        cols += [Col("target measured ms", wrap_header=True), Col("error")]
+    cols.append(Col("note", "text", min_width=12))
     tok = b.get("tokens_per_s")
-    t.add_row("baseline", _ms(b["step_ns_p50"]), _ms(b["step_ns_mean"]), "", f"{tok:,.0f}" if tok else "-",
-              *(["", ""] if has_meas else []), "")
+    rows: list[list[object]] = [["baseline", _ms(b["step_ns_p50"]), _ms(b["step_ns_mean"]), "", f"{tok:,.0f}" if tok else "-",
+                                 *(["", ""] if has_meas else []), ""]]
     for p in res.what_if:
-        note = "[yellow]inside noise[/yellow]" if p.within_noise else ""
         extra = []
         if has_meas:
             m = p.measured or {}
             extra = [_ms(m.get("step_ns_p50")), _pct(m.get("error"))]
-        t.add_row(p.spec, _ms(p.step_ns_p50), _ms(p.step_ns_mean), _pct(p.change),
-                  f"{p.tokens_per_s:,.0f}" if p.tokens_per_s else "-", *extra, note)
-    c.print(t)
-    cp = Table(title="critical path per step by category (ms)")
-    cp.add_column("category")
-    cp.add_column("baseline", justify="right")
-    for p in res.what_if:
-        cp.add_column(p.spec[:24], justify="right")
+        rows.append([p.spec, _ms(p.step_ns_p50), _ms(p.step_ns_mean), _pct(p.change),
+                     f"{p.tokens_per_s:,.0f}" if p.tokens_per_s else "-", *extra, "inside noise" if p.within_noise else ""])
+    for tb in fit_tables("predicted step time", cols, rows, w):
+        c.print(tb)
     keys = [k for k in b["critical_path_ns"]
             if abs(b["critical_path_ns"][k]) > 0 or any(abs(p.critical_path_ns.get(k, 0)) > 0 for p in res.what_if)]
-    for k in keys:
-        cp.add_row(k, _ms(b["critical_path_ns"][k]), *[_ms(p.critical_path_ns.get(k, 0.0)) for p in res.what_if])
-    c.print(cp)
+    cp_cols = [Col("category", "text", key=True, min_width=8), Col("baseline")] + [
+        Col(f"#{i}", wrap_header=True) for i, _p in enumerate(res.what_if, 1)]
+    cp_rows: list[list[object]] = [[k, _ms(b["critical_path_ns"][k]), *[_ms(p.critical_path_ns.get(k, 0.0)) for p in res.what_if]]
+                                   for k in keys]
+    for tb in fit_tables("critical path per step by category (ms)", cp_cols, cp_rows, w):
+        c.print(tb)
+    for i, p in enumerate(res.what_if, 1):
+        c.print(f"  #{i}: {p.spec}", markup=False)
     for p in res.what_if:
         for n in p.notes:
             c.print(f"  [dim]{n}[/dim]")
