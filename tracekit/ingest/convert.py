@@ -183,7 +183,7 @@ class _Stager:
     Each rank becomes consecutive row groups of ``path`` (a Parquet file in the
     final format); its metadata records them as ``row_groups`` so a second pass
     can re-read them as parts when the ranks cannot stay as written (see
-    :func:`convert`). Capture-side rows are merged here when ``merge_extra``.
+    :func:`_write_output`). Capture-side rows are merged here when ``merge_extra``.
 
     Memory: the thread works on one rank while the next is read only when that
     rank is small (:data:`OVERLAP_MAX_BYTES` of raw rows); a larger rank is
@@ -339,13 +339,14 @@ def _world_meta(metas: list[dict[str, Any]], ranks: list[int], quality: QualityL
     missing = _missing(ranks, ws) if ws and max(ranks, default=0) < ws else []
     n_missing = sum(b - a + 1 for a, b in missing)
     if missing and n_missing < ws:
+        count: dict[str, Any] = {"missing_count": n_missing} if n_missing > MISSING_LISTED else {}
         quality.add(
             "missing_ranks",
             f"ranks {_ranges_of(missing)} of {ws} are absent; cross-rank results cover only the ranks present",
             missing=[r for a, b in missing for r in range(a, b + 1)][:MISSING_LISTED],
-            **({"missing_count": n_missing} if n_missing > MISSING_LISTED else {}),
+            **count,
         )
-    per_rank = []
+    per_rank: list[dict[str, Any]] = []
     for m in sorted(metas, key=lambda m: (m["rank"], m.get("window") or 0)):
         props = m.get("device_props") or []
         devs = m.get("devices") or []
@@ -402,6 +403,70 @@ def _stage_serially(stager: "_Stager", sources: list[Source], prog: "_Progress",
         prog.step(s.path.name)
 
 
+@dataclass
+class _Conversion:
+    """One :func:`convert`: its settings, and the temporary state that :meth:`cleanup` undoes whatever happens."""
+
+    out: Path
+    force: bool
+    layout: str
+    rules_path: str | None
+    steps_from: str | None
+    executor: Executor | None
+    keep_going: bool
+    #: the capture's rows (``extra_frames``) as one frame, or None
+    extra: pl.DataFrame | None
+    #: the temporary part directory, once created
+    part_dir: str | None = None
+    #: ``jobs=1`` file output: the staged file, until it is the output or closed for a second pass
+    stager: _Stager | None = None
+    #: ``layout="dataset"``: the dataset being built
+    build: DatasetBuild | None = None
+    #: sources that failed (``keep_going``)
+    failed: list[dict[str, Any]] = field(default_factory=list)
+
+    def make_part_dir(self, out_dir: str) -> str:
+        """Create the temporary part directory in ``out_dir`` (recorded for :meth:`cleanup`)."""
+        try:
+            with _interrupt.deferred():  # a Ctrl-C raises once part_dir records it (then it is removed below)
+                self.part_dir = part_dir = make_part_dir(out_dir)
+        except OSError as e:
+            raise OutputError(f"{self.out}: cannot create a temporary directory in {out_dir} {os_reason(e, writing=True)}") from None
+        return part_dir
+
+    def cleanup(self) -> None:
+        """Drop the staged file if it is still open (an error), then the part directory."""
+        with _interrupt.deferred():  # the cleanup itself is never cut short by a Ctrl-C (it would leave the parts)
+            if self.stager is not None:
+                self.stager.discard()
+            if self.part_dir is not None:
+                remove_part_dir(self.part_dir)
+
+
+class _Footer:
+    """The output's footer metadata, completed (:meth:`complete`) once the rows' time window is known, and the
+    capture rows of ranks the trace lacks (``orphan``), written just before it."""
+
+    def __init__(self, meta: dict[str, Any], quality: QualityLog, caller_q: list[Any], orphan: pl.DataFrame | None) -> None:
+        self.meta, self.quality, self.caller_q, self.orphan = meta, quality, caller_q, orphan
+        self.caller_codes = {q.get("code") for q in caller_q if isinstance(q, dict)}
+
+    def complete(self, first: int | None, last: int | None) -> None:
+        self.meta["window_ns"] = [first, last]
+        # the capture knows more about missing ranks than the file count does: keep its flag only
+        self.meta["quality"] = [q.to_json() for q in self.quality
+                                if not (q.code == "missing_ranks" and "missing_ranks" in self.caller_codes)] + self.caller_q
+
+    def finish(self, w: TraceWriter, rows: int, first: int | None, last: int | None) -> int:
+        """Capture rows of ranks the trace lacks, then the footer metadata; returns the rows written."""
+        if self.orphan is not None and self.orphan.height:
+            w.write(self.orphan)
+            rows += self.orphan.height
+        self.complete(first, last)
+        w.close(self.meta)
+        return rows
+
+
 def convert(
     inputs: Sequence[str | Path],
     out: str | Path,
@@ -439,6 +504,24 @@ def convert(
     out = Path(out)
     skipped: list[tuple[Path, str]] = []
     sources, rules_path, in_bytes = _inputs(inputs, out, rules, skipped)
+    quality = _check_output(out, layout, force, skipped)
+    out_dir = str(out.parent if str(out.parent) else ".")
+    remove_stale_parts(out_dir)  # left by killed conversions (tracekit.ingest.staging)
+    conv = _Conversion(out, force, layout, rules_path, steps_from, executor, keep_going, _capture_rows(extra_frames))
+    try:
+        part_dir = conv.make_part_dir(out_dir)
+        prog = _Progress(progress, len(sources), on_progress)
+        metas = _read_sources(conv, sources, part_dir, jobs or 1, in_bytes, prog)
+        prog.close()
+        ranks, offsets, footer = _describe(conv, sources, metas, quality, align, metadata)
+        rows = _write_output(conv, metas, ranks, offsets, footer)
+    finally:
+        conv.cleanup()
+    return ConvertResult(out, ranks, rows, time.perf_counter() - t0, in_bytes, footer.meta, footer.meta["quality"])
+
+
+def _check_output(out: Path, layout: str, force: bool, skipped: list[tuple[Path, str]]) -> QualityLog:
+    """Refuse a bad ``layout`` or output before the work; returns the quality log, with the inputs skipped."""
     if layout not in ("file", "dataset"):
         raise UsageError(f"--layout {layout!r}: must be file or dataset")
     # refuse early (before the work) when the output exists, is an input, a device/FIFO/directory, or cannot be written
@@ -446,138 +529,135 @@ def convert(
     quality = QualityLog()
     for path, why in skipped:
         quality.add("input_skipped", f"{path}: skipped, {why}", path=str(path))
-    out_dir = str(out.parent if str(out.parent) else ".")
-    remove_stale_parts(out_dir)  # left by killed conversions (tracekit.ingest.staging)
-    metas: list[dict[str, Any]] = []
-    extra = pl.concat([conform(e) for e in extra_frames if e is not None and e.height], how="vertical_relaxed") if any(
+    return quality
+
+
+def _capture_rows(extra_frames: Sequence[pl.DataFrame]) -> pl.DataFrame | None:
+    """The capture's rows (``extra_frames``, conformed to the schema) as one frame; None when there are none."""
+    return pl.concat([conform(e) for e in extra_frames if e is not None and e.height], how="vertical_relaxed") if any(
         e is not None and e.height for e in extra_frames
     ) else None
-    stager: _Stager | None = None
-    build: DatasetBuild | None = None
-    failed: list[dict[str, Any]] = []
-    part_dir: str | None = None
-    try:
-        try:
-            with _interrupt.deferred():  # a Ctrl-C raises once part_dir records it (then it is removed below)
-                part_dir = make_part_dir(out_dir)
-        except OSError as e:
-            raise OutputError(f"{out}: cannot create a temporary directory in {out_dir} {os_reason(e, writing=True)}") from None
-        n = len(sources)
-        jobs = jobs or 1
-        prog = _Progress(progress, n, on_progress)
-        parallel = jobs > 1 and n > 1 and in_bytes >= _PARALLEL_MIN_BYTES
-        if layout == "dataset":
-            build = DatasetBuild(out, part_dir)
-        if build is not None or executor is not None or parallel:
-            metas = _run_sources(executor, jobs if parallel else 1, sources, build, (rules_path, part_dir, str(out), steps_from),
-                                 prog, keep_going, failed)
+
+
+def _read_sources(conv: _Conversion, sources: list[Source], part_dir: str, jobs: int, in_bytes: int,
+                  prog: "_Progress") -> list[dict[str, Any]]:
+    """Read and finalize every source; returns the ranks' metadata. A dataset, an executor or ``--jobs N`` over
+    enough input: one task per source (:func:`_run_sources`); else one rank at a time into the staged file."""
+    parallel = jobs > 1 and len(sources) > 1 and in_bytes >= _PARALLEL_MIN_BYTES
+    if conv.layout == "dataset":
+        conv.build = DatasetBuild(conv.out, part_dir)
+    if conv.build is not None or conv.executor is not None or parallel:
+        args = (conv.rules_path, part_dir, str(conv.out), conv.steps_from)
+        return _run_sources(conv.executor, jobs if parallel else 1, sources, conv.build, args, prog, conv.keep_going, conv.failed)
+    # one rank at a time, in rank order, written in the output format on a thread while the next
+    # rank is read; the staged file becomes the output unless a second pass is needed (_write_output)
+    rules_set = dataclasses.replace(load_rules(conv.rules_path) if conv.rules_path else load_rules(None), steps_from=conv.steps_from)
+    windows = any(s.window is not None for s in sources)
+    conv.stager = _Stager(os.path.join(part_dir, "stage.parquet"), part_dir, str(conv.out), rules_set, conv.extra, merge_extra=not windows)
+    _stage_serially(conv.stager, sources, prog, conv.keep_going, conv.failed)
+    conv.stager.wait_summary()  # the last rank's rows are still being written while clocks are aligned
+    return conv.stager.metas
+
+
+def _describe(conv: _Conversion, sources: list[Source], metas: list[dict[str, Any]], quality: QualityLog, align: bool,
+              metadata: dict[str, Any] | None) -> tuple[list[int], dict[int, int], _Footer]:
+    """Check the ranks read (failed, empty, unnamed, duplicate, of different captures), align their clocks and
+    gather the footer metadata; returns the ranks, their clock offsets and the footer."""
+    _note_failures(conv.failed, metas, quality)
+    _check_empty(metas, quality)
+    _resolve_ranks(metas, quality)
+    _check_same_capture(metas)
+    ranks = sorted({m["rank"] for m in metas})
+    md = _world_meta(metas, ranks, quality)
+    _rank_quality(metas, md, quality)
+    offsets, align_info = _align(metas, ranks, quality, align)
+    _check_skew(metas, offsets, quality)
+    meta: dict[str, Any] = {
+        **md,
+        "source_files": [str(s.path) for s in sources],
+        "clock_offsets_ns": {str(r): int(offsets.get(r, 0)) for r in ranks},
+        "clock_alignment": align_info,
+        "rules": conv.rules_path or "default",
+    }
+    if conv.steps_from is not None:
+        meta["steps_from"] = conv.steps_from
+    if conv.failed:
+        meta["failed_ranks"] = conv.failed
+    for k, v in (metadata or {}).items():
+        if k == "quality":
+            continue
+        meta[k] = v
+    caller_q = list((metadata or {}).get("quality", []))
+    orphan = conv.extra.filter(~pl.col("rank").is_in(ranks)).sort(["rank", "ts_ns"]) if conv.extra is not None else None
+    return ranks, offsets, _Footer(meta, quality, caller_q, orphan)
+
+
+def _rank_quality(metas: list[dict[str, Any]], md: dict[str, Any], quality: QualityLog) -> None:
+    """Each rank's own quality flags (from its reader); then no GPU work in any rank: CPU mode, or a warning."""
+    for m in metas:
+        for q in m.get("quality") or []:
+            quality.add(q["code"], q["message"], severity=q.get("severity", "warning"), rank=m["rank"], **(q.get("details") or {}))
+    if not any(m["gpu_ops"] for m in metas):
+        if any(m.get("cpu_device_ops") for m in metas):  # CPU mode (docs/cpu_mode.md)
+            md["device_mode"] = "cpu"
+            quality.add("no_gpu_events", "the trace has no GPU kernels, copies or memsets; CPU mode: operators on the "
+                        "forward thread and gloo collectives stand in for device work (docs/cpu_mode.md)", severity="info")
         else:
-            # one rank at a time, in rank order, written in the output format on a thread while the next
-            # rank is read; the staged file becomes the output unless a second pass is needed (see below)
-            rules_set = dataclasses.replace(load_rules(rules_path) if rules_path else load_rules(None), steps_from=steps_from)
-            windows = any(s.window is not None for s in sources)
-            stager = _Stager(os.path.join(part_dir, "stage.parquet"), part_dir, str(out), rules_set, extra, merge_extra=not windows)
-            _stage_serially(stager, sources, prog, keep_going, failed)
-            stager.wait_summary()  # the last rank's rows are still being written while clocks are aligned
-            metas = stager.metas
-        prog.close()
-        _note_failures(failed, metas, quality)
-        _check_empty(metas, quality)
-        _resolve_ranks(metas, quality)
-        _check_same_capture(metas)
-        ranks = sorted({m["rank"] for m in metas})
-        md = _world_meta(metas, ranks, quality)
-        for m in metas:
-            for q in m.get("quality") or []:
-                quality.add(q["code"], q["message"], severity=q.get("severity", "warning"), rank=m["rank"], **(q.get("details") or {}))
-        if not any(m["gpu_ops"] for m in metas):
-            if any(m.get("cpu_device_ops") for m in metas):  # CPU mode (docs/cpu_mode.md)
-                md["device_mode"] = "cpu"
-                quality.add("no_gpu_events", "the trace has no GPU kernels, copies or memsets; CPU mode: operators on the "
-                            "forward thread and gloo collectives stand in for device work (docs/cpu_mode.md)", severity="info")
-            else:
-                quality.add("no_gpu_events", "the trace has no GPU kernels, copies or memsets; analyses of GPU time will be empty")
-        offsets, align_info = _align(metas, ranks, quality, align)
-        _check_skew(metas, offsets, quality)
-        meta: dict[str, Any] = {
-            **md,
-            "source_files": [str(s.path) for s in sources],
-            "clock_offsets_ns": {str(r): int(offsets.get(r, 0)) for r in ranks},
-            "clock_alignment": align_info,
-            "rules": rules_path or "default",
-        }
-        if steps_from is not None:
-            meta["steps_from"] = steps_from
-        if failed:
-            meta["failed_ranks"] = failed
-        for k, v in (metadata or {}).items():
-            if k == "quality":
-                continue
-            meta[k] = v
-        caller_q = list((metadata or {}).get("quality", []))
-        caller_codes = {q.get("code") for q in caller_q if isinstance(q, dict)}
-        orphan = extra.filter(~pl.col("rank").is_in(ranks)).sort(["rank", "ts_ns"]) if extra is not None else None
+            quality.add("no_gpu_events", "the trace has no GPU kernels, copies or memsets; analyses of GPU time will be empty")
 
-        def final_meta(first: int | None, last: int | None) -> None:
-            meta["window_ns"] = [first, last]
-            # the capture knows more about missing ranks than the file count does: keep its flag only
-            meta["quality"] = [q.to_json() for q in quality if not (q.code == "missing_ranks" and "missing_ranks" in caller_codes)] + caller_q
 
-        def finish(w: TraceWriter, rows: int, first: int | None, last: int | None) -> int:
-            """Capture rows of ranks the trace lacks, then the footer metadata; returns the rows written."""
-            if orphan is not None and orphan.height:
-                w.write(orphan)
-                rows += orphan.height
-            final_meta(first, last)
-            w.close(meta)
-            return rows
+def _write_output(conv: _Conversion, metas: list[dict[str, Any]], ranks: list[int], offsets: dict[int, int],
+                  footer: _Footer) -> int:
+    """Write and publish the output: the dataset's partitions, the staged file as it is, or a second pass over the
+    parts (:func:`_rewrite`). Returns the rows written."""
+    if conv.stager is not None:
+        conv.stager.wait()
+    if conv.build is not None:
+        rows, first, last = _finish_dataset(conv.build, metas, ranks, offsets, conv.extra, footer.orphan, conv.executor)
+        footer.complete(first, last)
+        _interrupt.check("publish")  # the last point a Ctrl-C stops the command: the rename commits it
+        conv.build.publish(footer.meta, conv.force)
+        return rows
+    if conv.stager is not None and _staged_as_is(metas, offsets, conv.stager.merge_extra):
+        # the staged file is the output: ranks in order, one part each, no clock offset to apply
+        staged = conv.stager.path
+        lo = [m["written_lo"] for m in metas if m["written_lo"] is not None]
+        hi = [m["written_hi"] for m in metas if m["written_hi"] is not None]
+        rows = footer.finish(conv.stager.w, sum(m["written_rows"] for m in metas), min(lo, default=None), max(hi, default=None))
+        conv.stager = None
+        _interrupt.check("publish")  # the last point a Ctrl-C stops the command: the rename commits it
+        _publish(staged, conv.out, conv.force)
+        return rows
+    if conv.stager is not None:  # second pass over the staged rows: close the staged file to read it back
+        conv.stager.w.close({})
+        conv.stager = None
+    return _rewrite(conv, metas, ranks, offsets, footer)
 
-        if stager is not None:
-            stager.wait()
-        if build is not None:
-            rows = _finish_dataset(build, metas, ranks, offsets, extra, orphan, executor)
-            final_meta(*rows[1:])
-            _interrupt.check("publish")  # the last point a Ctrl-C stops the command: the rename commits it
-            build.publish(meta, force)
-            rows = rows[0]
-        elif stager is not None and _staged_as_is(metas, offsets, stager.merge_extra):
-            # the staged file is the output: ranks in order, one part each, no clock offset to apply
-            lo = [m["written_lo"] for m in metas if m["written_lo"] is not None]
-            hi = [m["written_hi"] for m in metas if m["written_hi"] is not None]
-            rows = finish(stager.w, sum(m["written_rows"] for m in metas), min(lo, default=None), max(hi, default=None))
-            stager = None
-            _interrupt.check("publish")  # the last point a Ctrl-C stops the command: the rename commits it
-            _publish(os.path.join(part_dir, "stage.parquet"), out, force)
-        else:
-            if stager is not None:  # second pass over the staged rows: close the staged file to read it back
-                stager.w.close({})
-                stager = None
-            rows = 0
-            first, last = None, None
-            with TraceWriter(out, force=force) as w:
-                for r in ranks:
-                    _interrupt.check("rank")
-                    parts = sorted((m for m in metas if m["rank"] == r), key=lambda m: (m.get("window") or 0, m.get("first_ts_ns") or 0))
-                    merged = any(m.get("extra_merged") for m in parts)
-                    ex = extra.filter(pl.col("rank") == r) if extra is not None and not merged else None
-                    nr, lo_r, hi_r = write_rank(w, r, parts, offsets.get(r, 0), ex)
-                    rows += nr
-                    if lo_r is not None:
-                        first = lo_r if first is None else min(first, lo_r)
-                        last = hi_r if last is None else max(last, hi_r)
-                    for m in parts:
-                        for f in (m["part"] if "row_groups" not in m else None, m.get("comm_part")):
-                            if f:
-                                os.unlink(f)
-                _interrupt.check("publish")  # the last point a Ctrl-C stops the command: close() renames the output
-                rows = finish(w, rows, first, last)
-    finally:
-        with _interrupt.deferred():  # the cleanup itself is never cut short by a Ctrl-C (it would leave the parts)
-            if stager is not None:
-                stager.discard()
-            if part_dir is not None:
-                remove_part_dir(part_dir)
-    return ConvertResult(out, ranks, rows, time.perf_counter() - t0, in_bytes, meta, meta["quality"])
+
+def _rewrite(conv: _Conversion, metas: list[dict[str, Any]], ranks: list[int], offsets: dict[int, int], footer: _Footer) -> int:
+    """The second pass: each rank's parts (its windows in order) streamed into the output with its clock offset and
+    the capture rows not merged yet, each part removed once read; returns the rows written."""
+    rows = 0
+    first: int | None = None
+    last: int | None = None
+    with TraceWriter(conv.out, force=conv.force) as w:
+        for r in ranks:
+            _interrupt.check("rank")
+            parts = sorted((m for m in metas if m["rank"] == r), key=lambda m: (m.get("window") or 0, m.get("first_ts_ns") or 0))
+            merged = any(m.get("extra_merged") for m in parts)
+            ex = conv.extra.filter(pl.col("rank") == r) if conv.extra is not None and not merged else None
+            nr, lo_r, hi_r = write_rank(w, r, parts, offsets.get(r, 0), ex)
+            rows += nr
+            if lo_r is not None and hi_r is not None:  # both or neither: rows were written (ts_ns, dur_ns never null)
+                first = lo_r if first is None else min(first, lo_r)
+                last = hi_r if last is None else max(last, hi_r)
+            for m in parts:
+                for f in (m["part"] if "row_groups" not in m else None, m.get("comm_part")):
+                    if f:
+                        os.unlink(f)
+        _interrupt.check("publish")  # the last point a Ctrl-C stops the command: close() renames the output
+        rows = footer.finish(w, rows, first, last)
+    return rows
 
 
 def _finish_dataset(build: DatasetBuild, metas: list[dict[str, Any]], ranks: list[int], offsets: dict[int, int],
@@ -914,4 +994,5 @@ class _Progress:
 
 
 def parquet_rows(path: str | Path) -> int:
-    return pq.read_metadata(path).num_rows
+    rows: int = pq.read_metadata(path).num_rows
+    return rows

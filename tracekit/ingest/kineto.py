@@ -24,7 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import re
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import msgspec
 import numpy as np
@@ -219,7 +219,7 @@ def _chunks(arr: memoryview) -> Iterator[bytes]:
         start = nxt
 
 
-def _decode_events(raw_events: bytes, path: Path, quality: QualityLog) -> Iterator[list[Any]]:
+def _decode_events(raw_events: bytes | bytearray | memoryview, path: Path, quality: QualityLog) -> Iterator[list[Any]]:
     """Yield lists of events, chunk by chunk; a bad split merges with the next chunk.
 
     JSON nested beyond the decoder's recursion limit: :func:`kineto_checks.too_deep` (never a RecursionError)."""
@@ -229,7 +229,7 @@ def _decode_events(raw_events: bytes, path: Path, quality: QualityLog) -> Iterat
         raise kc.too_deep(path) from None
 
 
-def _decode_chunks(raw_events: bytes, path: Path) -> Iterator[list[Any]]:
+def _decode_chunks(raw_events: bytes | bytearray | memoryview, path: Path) -> Iterator[list[Any]]:
     pending = b""
     for chunk in _chunks(memoryview(raw_events)):
         if pending:
@@ -511,6 +511,8 @@ def _decode_chunk(chunk: bytes | bytearray | memoryview, p: Path, exact: bool | 
     try:
         return _exact_stage(arr, p, unknown)
     except InputError:
+        if isinstance(arr, memoryview):  # only bytes are fixed (a view from EventStream comes bare: arr is a copy)
+            raise
         fixed, n = kc.fix_lone_surrogates(arr)
         if not n:
             raise
@@ -531,10 +533,14 @@ def parse_threads() -> int:
     return max(1, min(n, 8))
 
 
-def _result(f: Future) -> Any:
+_T = TypeVar("_T")
+
+
+def _result(f: Future[_T]) -> _T:
     """``f.result()`` in bounded waits with an interrupt check between them (Ctrl-C stops at once). Labelled apart
     from the per-chunk ``read`` checks: how often a wait checks depends on the machine's load, a chunk count not."""
-    return _interrupt.wait_future(f, "read.wait")
+    res: _T = _interrupt.wait_future(f, "read.wait")
+    return res
 
 
 def _decode_stream(es: EventStream, p: Path, exact: bool | None,
@@ -543,7 +549,7 @@ def _decode_stream(es: EventStream, p: Path, exact: bool | None,
     each chunk goes back to the stream once decoded."""
     chunks = es.chunks()
     nthreads = parse_threads()
-    pending: deque[tuple[Future, memoryview]] = deque()
+    pending: deque[tuple[Future[tuple[pl.DataFrame, dict[str, int]]], memoryview]] = deque()
     ex = ThreadPoolExecutor(nthreads, thread_name_prefix="tk-parse") if nthreads > 1 else None
     try:
         for chunk in _interrupt.checked(chunks, "read"):
@@ -610,7 +616,7 @@ _BOM = b"\xef\xbb\xbf"
 _BYTE_AT = re.compile(r"\(byte (\d+)\)")
 
 
-def _where(data: bytes, off: int) -> str:
+def _where(data: bytes | bytearray, off: int) -> str:
     """``line L, column C (byte N) near '...'`` for a byte offset into the decompressed text."""
     off = max(0, min(off, len(data)))
     line = data.count(b"\n", 0, off) + 1
@@ -619,7 +625,7 @@ def _where(data: bytes, off: int) -> str:
     return f"line {line}, column {col} (byte {off}) near {near!r}"
 
 
-def _json_error(p: Path, data: bytes, e: Exception) -> InputError:
+def _json_error(p: Path, data: bytes | bytearray, e: Exception) -> InputError:
     """A decode error that says where: line, column and the text there; NaN/Infinity and bad UTF-8 by name."""
     m = _BYTE_AT.search(str(e))
     if m:
@@ -640,7 +646,7 @@ def _json_error(p: Path, data: bytes, e: Exception) -> InputError:
 
 def _read_whole(p: Path, rank: int | None, exact: bool | None) -> tuple[pl.DataFrame, dict[str, Any]]:
     tally: dict[str, int] = {}
-    data = _read_bytes(p, tally)
+    data: bytes | bytearray = _read_bytes(p, tally)  # bytearray once lone surrogates are fixed
     if data.startswith(_BOM):  # a UTF-8 byte-order mark (some editors and Windows tools write one): not part of the JSON
         data = data[len(_BOM):]
     if not data.strip():
@@ -660,7 +666,7 @@ def _read_whole(p: Path, rank: int | None, exact: bool | None) -> tuple[pl.DataF
         raise
 
 
-def _decode_top(p: Path, data: bytes, tally: dict[str, int]) -> _Top:
+def _decode_top(p: Path, data: bytes | bytearray, tally: dict[str, int]) -> _Top:
     """The top-level keys (``traceEvents`` kept raw): one-line errors for what is not a Kineto trace."""
     try:
         return _TOP.decode(data)
@@ -683,7 +689,7 @@ def _decode_top(p: Path, data: bytes, tally: dict[str, int]) -> _Top:
         raise _json_error(p, data, e) from None
 
 
-def _read_events(p: Path, data: bytes, top: _Top, rank: int | None, exact: bool | None,
+def _read_events(p: Path, data: bytes | bytearray, top: _Top, rank: int | None, exact: bool | None,
                  tally: dict[str, int]) -> tuple[pl.DataFrame, dict[str, Any]]:
     meta = _rank_meta(top, p)
     raw_events = memoryview(top.traceEvents)  # zero-copy view into the decompressed text
@@ -910,7 +916,8 @@ def _separator_commas(a: np.ndarray) -> np.ndarray:
         if not alive.any():
             break
         pos += 1
-    return idx[found] + 1
+    seps: np.ndarray = idx[found] + 1
+    return seps
 
 
 def _parse_events(chunk: bytearray) -> pa.Table | None:
@@ -1017,7 +1024,7 @@ def _arrow_stage(chunk: bytearray, unknown: dict[str, int]) -> pl.DataFrame | No
     return out.select([pl.col(k).cast(t) for k, t in _STAGE_SCHEMA.items()]).collect()
 
 
-def _exact_stage(chunk: bytes | bytearray, path: Path, unknown: dict[str, int]) -> pl.DataFrame:
+def _exact_stage(chunk: bytes | bytearray | memoryview, path: Path, unknown: dict[str, int]) -> pl.DataFrame:
     """msgspec decode of one chunk with exact decimal timestamps; field types and ranges checked
     (:mod:`tracekit.ingest.kineto_checks`; wrong types counted in ``unknown``)."""
     cols = _Cols()
