@@ -40,7 +40,7 @@ RANGES: dict[tuple[str, str], tuple[float, float]] = {
     ("diff", "--top"): (1, 100_000), ("diff", "--width"): (40, 1000),
     ("timeline", "--step"): (0, 2**62), ("timeline", "--max-segments"): (0, 10_000_000),
     ("convert", "--jobs"): (1, 256),
-    ("replay", "--gap-scale"): (0.0, 100.0),
+    ("replay", "--gap-scale"): (0.0, 100.0), ("replay", "--width"): (40, 1000),
     ("capture", "--steps"): (1, _BIG), ("capture", "--poll-timeout"): (0.0, 86_400.0), ("capture", "--ranks"): (1, 1024),
     ("capture", "--layers"): (1, 1024), ("capture", "--hidden"): (1, 65_536), ("capture", "--experts"): (1, 4096),
     ("capture", "--max-batch"): (1, 65_536), ("capture", "--prompt-len"): (1, 1_000_000),
