@@ -270,7 +270,7 @@ def critical_path_breakdown(g: ReplayGraph, res: SimResult, steps: pl.DataFrame,
     kind (an op's own duration to its category, a rendezvous to communication).
     """
     buckets = {c: 0.0 for c in (*CATEGORIES, *HOST_BUCKETS)}
-    if steps.height == 0:
+    if steps.height == 0 or max_steps <= 0:  # 0: not wanted (next win reads step times only)
         return buckets
     t, w = res.t, res.w
     src, dst = g.esrc, g.edst
