@@ -256,8 +256,8 @@ class StepRow(Node, frozen=True, kw_only=True):
 
 
 class StepSummary(Node, frozen=True, kw_only=True):
-    """Per (mode, batch size): percentiles of the host range (``p50_ns``...) and of the step time
-    (``step_p50_ns``...), tokens over step time."""
+    """Per (mode, batch size), over the job steps ``step_time`` counts (the slowest rank's): percentiles of the host
+    range (``p50_ns``...) and of the step time (``step_p50_ns``...), tokens per step over ``step_p50_ns``."""
 
     mode: str | None
     batch_size: int | None
@@ -358,7 +358,8 @@ class MoeGemmRank(Node, frozen=True, kw_only=True):
 
 
 class MoeGemm(Node, frozen=True, kw_only=True):
-    """The MoE GEMM verdict: ``status`` ``ok`` (with ``shape`` and ``ranks``) or why there is no figure."""
+    """The MoE GEMM verdict: ``status`` ``ok`` (with ``shape`` and ``ranks``) or why there is no figure
+    (``no_moe_gemm_kernels``, ``shape_unknown`` or ``no_token_counts``, the last two with ``needs``)."""
 
     status: str
     needs: str | UnsetType = UNSET
