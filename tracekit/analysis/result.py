@@ -27,7 +27,7 @@ import polars as pl
 
 from tracekit.analysis.passes.steps import counted_steps
 from tracekit.analysis.sections import Node, Sections
-from tracekit.analysis.steptime import StepTime, step_time
+from tracekit.analysis.steptime import StepTime, job_steps, step_time
 from tracekit.core.window import Window
 from tracekit.schema import TraceMeta
 
@@ -144,6 +144,14 @@ class AnalysisResult:
         if st.height == 0 or "gpu_ops" not in st.columns:
             return None
         return step_time(counted_steps(st))
+
+    def job_steps(self) -> pl.DataFrame:
+        """The job steps :meth:`step_time` is taken over (:func:`tracekit.analysis.steptime.job_steps` of the steps
+        that count): what ``diff`` pairs between two runs."""
+        st = self.step_table
+        if st.height == 0 or "gpu_ops" not in st.columns:
+            return job_steps(pl.DataFrame())
+        return job_steps(counted_steps(st))
 
     def tokens_per_s(self) -> float | None:
         """Tokens/s of :meth:`step_time` (the primary shape's tokens per step / its step time p50)."""

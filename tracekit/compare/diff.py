@@ -35,7 +35,6 @@ from typing import Any, Mapping
 import polars as pl
 
 from tracekit._errors import Quality, QualityLog
-from tracekit.analysis.passes.steps import counted_steps
 from tracekit.analysis.result import AnalysisResult
 from tracekit.analysis.sections import UnsetType
 from tracekit.analysis.steptime import job_steps, of_shape, p50, primary_shape, quantile
@@ -214,14 +213,6 @@ def _steps(res: AnalysisResult) -> tuple[float, float | None, float | None, floa
     return res.steps_per_rank(), st.p50_ns, st.p90_ns, st.tokens_per_s
 
 
-def _jobs(res: AnalysisResult) -> pl.DataFrame:
-    """The job steps that count for the step time (the same rows :meth:`AnalysisResult.step_time` reads)."""
-    st = res.step_table
-    if st.height == 0 or "gpu_ops" not in st.columns:
-        return job_steps(pl.DataFrame())
-    return job_steps(counted_steps(st))
-
-
 def _in_spans(df: pl.DataFrame, spans: tuple[tuple[int, int], ...]) -> pl.DataFrame:
     if not spans:
         return df
@@ -292,7 +283,7 @@ def summarize_result(res: AnalysisResult, *, label: str = "run", counters: pl.Da
     return RunSummary(
         label=label, ranks=res.ranks, window_ns=window_ns, steps_per_rank=steps, step_p50_ns=p50, step_p90_ns=p90,
         tokens_per_s=tps, buckets=buckets, busy_ns=busy, collectives=_coll_summary(res.instances, len(res.ranks)),
-        kernels=_kernels(res), power=_power(counters, res), quality=list(q), jobs=_jobs(res),
+        kernels=_kernels(res), power=_power(counters, res), quality=list(q), jobs=res.job_steps(),
     )
 
 
