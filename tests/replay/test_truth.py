@@ -1,4 +1,4 @@
-"""The what-if truth set (tests/replay/truth): predictions against changes actually made on one H200.
+"""The what-if truth set (tests/replay/truth): predictions against changes actually made on one GPU (H200, H100).
 
 Recomputes every pair with the current code (``truth/pairs.py``; ~30 s) and checks the accuracy table that next
 win prints (:mod:`tracekit.replay.accuracy`) is the one measured here, plus the issue's targets where they are met.
@@ -55,9 +55,14 @@ def _row(rows: list[dict[str, Any]], baseline: str, variant: str) -> dict[str, A
 
 
 def test_knob_within_3pct_where_the_ratio_is_repeatable(rows: list[dict[str, Any]]) -> None:
-    # DeepSeek-V3 widths, experts halved (MoE GEMMs x0.52): the per-round ratio repeats within 2.2 %
-    r = _row(rows, "dsv3f", "dsv3f_halfw")
-    assert r["measured"]["ratio_spread"] < 0.03 and abs(r["error"]) <= 0.03
+    # the issue's target: within 3 % of the measured step ratio on three models, MoE and dense, counting pairs whose
+    # per-round ratio repeats within 3 % (DeepSeek-V3 eager; Qwen3-235B and Llama-3-70B widths replayed from a graph)
+    good = [r for r in _by_kind(rows)["knob"] if r["measured"]["ratio_spread"] < 0.03 and abs(r["error"]) <= 0.03]
+    models = {r["model"].split(" (")[0] for r in good}
+    assert len(models) >= 3, models
+    assert any("dense" in r["model"] for r in good) and any("MoE" in r["model"] for r in good)
+    r = _row(rows, "llama70w_g", "llama70w_halfw_g")  # dense, MLP width halved: the GPU-side calibration's case
+    assert abs(r["error"]) <= 0.03
     # every knob pair: within 4 % or inside its own ratio spread (the noisy hosts of docs/replay.md)
     for r in _by_kind(rows)["knob"]:
         assert abs(r["error"]) <= max(0.04, 1.5 * r["measured"]["ratio_spread"]), (r["baseline"], r["variant"], r["error"])

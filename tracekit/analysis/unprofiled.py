@@ -27,7 +27,8 @@ import polars as pl
 
 from tracekit.analysis.steptime import p50
 
-__all__ = ["UnprofiledTiming", "unprofiled_timing", "matched_timing", "job_step_series", "MATCH_K", "MATCH_RADIUS"]
+__all__ = ["UnprofiledTiming", "unprofiled_timing", "matched_timing", "matched_period", "job_step_series", "MATCH_K",
+           "MATCH_RADIUS"]
 
 #: unprofiled steps matched per (mode, tokens) shape, and how far (in forwards) from a profiled step they may be
 MATCH_K = 10
@@ -187,3 +188,38 @@ def matched_timing(df: pl.DataFrame, ref: pl.DataFrame, *, k: int = MATCH_K,
     noise = abs(ha - hb) / med if (med and n >= 4) else None
     return UnprofiledTiming(picked[key], med, mean, noise, (ha, hb) if noise is not None else None,
                             float(key[1]) if key[1] is not None else None, info)
+
+
+def matched_period(df: pl.DataFrame, mode: str | None, tokens: float | None, *, k: int = MATCH_K) -> float | None:
+    """p50 of the program clock's step *period* at one shape: start of an unprofiled job step to the start of the next
+    forward, over pairs of consecutive forwards (``step_id`` + 1) that both have that mode and token count; the
+    ``2k`` pairs closest in time to the trace's profiled steps. None with fewer than 4 such pairs or without step ids.
+
+    Where a step's labelled range closes before its GPU work ends (the program syncs after the range, or not at all)
+    the range measures only the host's launching; the period, to the next step's start, also holds the GPU work the
+    loop waited for. It is what :func:`tracekit.replay.api.replay` fits the GPU-side gaps to when a step is GPU-bound.
+    """
+    st = df.filter((pl.col("kind").cast(pl.String) == "step") & (pl.col("profiled") == False))  # noqa: E712
+    if "src" in st.columns:
+        own = st.filter(pl.col("src").cast(pl.String) == "tracekit.step")
+        if own.height:
+            st = own
+    if st.height < 5 or st.get_column("step_id").null_count():
+        return None
+    job = (st.group_by("step_id").agg(pl.col("ts_ns").min().alias("ts"), pl.col("step_mode").cast(pl.String).first()
+                                      .alias("mode"), pl.col("tokens").cast(pl.Int64).first().alias("tokens"))
+           .sort("step_id"))
+    same = pl.col("mode").eq_missing(mode) & pl.col("tokens").eq_missing(None if tokens is None else int(tokens))
+    job = job.with_columns(same.alias("_s"), (pl.col("ts").shift(-1) - pl.col("ts")).alias("period"),
+                           (pl.col("step_id").shift(-1) - pl.col("step_id")).alias("_d"),
+                           same.shift(-1).alias("_s1"))
+    pairs = job.filter(pl.col("_s") & pl.col("_s1").fill_null(False) & (pl.col("_d") == 1) & (pl.col("period") > 0))
+    if pairs.height < 4:
+        return None
+    anchors = _job_profiled(df).get_column("ts").to_numpy()
+    ts = pairs.get_column("ts").to_numpy()
+    per = pairs.get_column("period").to_numpy().astype(float)
+    if anchors.size:
+        dist = np.abs(ts[:, None] - anchors[None, :]).min(axis=1)
+        per = per[np.argsort(dist, kind="stable")[:2 * k]]
+    return p50(per)

@@ -1,6 +1,6 @@
 """How far replay's predictions were from changes actually made: the accuracy table of the what-if truth set.
 
-Measured by ``tests/replay/truth/pairs.py`` on one H200 (``docs/replay.md``, "Accuracy": what-if × model ×
+Measured by ``tests/replay/truth/pairs.py`` on one H200 and one H100 (the CUDA-graph knob pairs; ``docs/replay.md``, "Accuracy": what-if × model ×
 measured × predicted × error × noise); ``tests/replay/test_truth.py`` recomputes the table and fails when these
 figures no longer match it. The fabric row comes from the 2 × H200 acceptance (``tracekit.replay.acceptance``: NCCL
 over NVLink ↔ host memory, knob and oracle). Errors are of the predicted step ratio against the measured one.
@@ -32,7 +32,7 @@ class Accuracy:
 
 #: kind -> accuracy (tests/replay/truth; see the module doc)
 ACCURACY: dict[str, Accuracy] = {a.kind: a for a in (
-    Accuracy("knob", 0.0325, 0.152, 6, 0.402),
+    Accuracy("knob", 0.0248, 0.152, 11, 0.402),
     Accuracy("cuda-graph", 0.066, 0.069, 2, 0.011),
     Accuracy("no-host-sync", 0.046, 0.092, 2, 0.074),
     Accuracy("no-host-sync+cuda-graph", 0.044, 0.046, 2, 0.074),

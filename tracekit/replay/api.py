@@ -15,7 +15,14 @@ import polars as pl
 
 from tracekit._errors import Quality, QualityLog, UsageError
 from tracekit.analysis.steptime import p50, primary_shape
-from tracekit.replay.calibrate import UnprofiledTiming, fit_gap_scale, matched_timing
+from tracekit.replay.calibrate import (
+    UnprofiledTiming,
+    fit_gap_scale,
+    matched_period,
+    matched_timing,
+    with_gpu_gap_scale,
+    with_host_call_scale,
+)
 from tracekit.replay.graph import ReplayGraph, build_graph
 from tracekit.replay.simulate import (
     Schedule,
@@ -132,6 +139,19 @@ class Replayer:
         program's own clock around each step measured (the unprofiled step records)."""
         return self._jobs_of(st, primary=True).get_column("host_ns").to_numpy().astype(float)
 
+    def period_series(self, st: pl.DataFrame) -> np.ndarray:
+        """The primary shape's job step periods of a step table: a job step's host start (earliest over ranks) to
+        the next job step's, where the two are consecutive forwards (``step_id`` + 1) of the primary shape: what the
+        program's clock measures between unprofiled steps (:func:`tracekit.analysis.unprofiled.matched_period`)."""
+        j = st.join(self.jobs, on=["rank", "step_ord"])
+        prim = pl.col("job_mode").eq_missing(self.mode) & pl.col("job_tokens").eq_missing(self.tokens)
+        j = (j.group_by("job").agg(pl.col("host_start").min(), pl.col("step_id").min(), prim.all().alias("_p"))
+             .sort("job"))
+        j = j.with_columns((pl.col("host_start").shift(-1) - pl.col("host_start")).alias("period"),
+                           (pl.col("step_id").shift(-1) - pl.col("step_id")).alias("_d"), pl.col("_p").shift(-1).alias("_p1"))
+        ok = pl.col("_p") & pl.col("_p1").fill_null(False) & (pl.col("_d") == 1)
+        return j.filter(ok).get_column("period").to_numpy().astype(float)
+
     def primary(self, st: pl.DataFrame) -> pl.DataFrame:
         """The counted steps of the primary shape (mode, tokens) in a step table."""
         keep = self.jobs.filter(pl.col("job_mode").eq_missing(self.mode) & pl.col("job_tokens").eq_missing(self.tokens))
@@ -203,6 +223,53 @@ def _fit(rp: Replayer, unp: UnprofiledTiming | None, calibrate: bool, gap_scale:
         q.add("replay_calibration_floor", "even with zero CPU gaps the replay is slower than the unprofiled "
               "timing (GPU-bound, or kernels slowed by the profiler); calibration scale is 0", severity="info")
     return scale, True
+
+
+def _fit_host_calls(rp: Replayer, unp: UnprofiledTiming | None, base_in: SimInputs, scale: float, calibrated: bool,
+                    q: QualityLog) -> tuple[SimInputs, float | None]:
+    """Where even zero CPU gaps leave the replayed host range above the unprofiled one (``scale`` 0), the scale on
+    the launching thread's calls' own time (:func:`tracekit.replay.calibrate.with_host_call_scale`) that makes them
+    equal; None where the CPU-gap scale sufficed."""
+    if not calibrated or unp is None or scale > 0.0:
+        return base_in, None
+
+    def host_p50_at(h: float) -> float:
+        _x, st, _r = rp.step_series(with_host_call_scale(rp.g, base_in, h))
+        return p50(rp.host_series(st))
+
+    h, _v = fit_gap_scale(host_p50_at, unp.p50, hi=1.0)
+    if h < 1.0:
+        q.add("replay_host_call_calibration", f"the launching thread's calls' own time scaled by {h:.3f} so the replayed "
+              f"step range matches the unprofiled one ({unp.p50 / 1e6:.3f} ms; the profiler slows each call)",
+              severity="info")
+    return with_host_call_scale(rp.g, base_in, h), h
+
+
+def _fit_gpu_gaps(rp: Replayer, df: pl.DataFrame, base_in: SimInputs, calibrated: bool,
+                  q: QualityLog) -> tuple[SimInputs, float | None]:
+    """Where the steps are GPU-bound (the host range closes before the step's GPU work ends, so the unprofiled ranges
+    cannot time it), the scale on the GPU's gaps between queued ops that makes the replayed step period equal the
+    program clock's unprofiled period (:func:`tracekit.analysis.unprofiled.matched_period`); None where it does not
+    apply (uncalibrated, host-bound, or no consecutive unprofiled steps of the primary shape)."""
+    if not calibrated:
+        return base_in, None
+    obs = step_times(rp.g, None)
+    if not p50(rp._jobs_of(obs, primary=True).get_column("dur_ns").to_numpy().astype(float)) > 1.01 * p50(rp.host_series(obs)):
+        return base_in, None
+    target = matched_period(df, rp.mode, rp.tokens)
+    if target is None or rp.period_series(obs).size < 2:
+        return base_in, None
+
+    def period_at(s: float) -> float:
+        _x, st, _r = rp.step_series(with_gpu_gap_scale(rp.g, base_in, s))
+        return p50(rp.period_series(st))
+
+    scale, _v = fit_gap_scale(period_at, target, hi=1.0)
+    if scale < 1.0:
+        q.add("replay_gpu_gap_calibration", f"GPU-bound steps: the gaps between queued GPU ops scaled by {scale:.3f} so the "
+              f"replayed step period matches the program's unprofiled one ({target / 1e6:.3f} ms; the profiler widens "
+              "those gaps)", severity="info")
+    return with_gpu_gap_scale(rp.g, base_in, scale), scale
 
 
 def _baseline(rp: Replayer, unp: UnprofiledTiming | None, base_in: SimInputs, cp_steps: int) -> tuple[dict[str, Any], Any]:
@@ -296,8 +363,11 @@ def replay(
     ref = rp.ref_steps()
     unp: UnprofiledTiming | None = matched_timing(df, ref)
     scale, calibrated = _fit(rp, unp, calibrate, gap_scale, q)
-    base_in = inputs_from_graph(rp.g, scale)
+    base_in, call_scale = _fit_host_calls(rp, unp, inputs_from_graph(rp.g, scale), scale, calibrated, q)
+    base_in, gpu_scale = _fit_gpu_gaps(rp, df, base_in, calibrated, q)
     baseline, _bsim = _baseline(rp, unp, base_in, critical_path_steps)
+    baseline["host_call_scale"] = call_scale
+    baseline["gpu_gap_scale"] = gpu_scale
     tgt = measure(durations_from, ref) if isinstance(durations_from, pl.DataFrame) else None
     noise = unp.noise if unp else None
     preds = [_predict(rp, w, base_in, baseline, noise, tgt, critical_path_steps)

@@ -210,14 +210,14 @@ def step_times(g: ReplayGraph, t: np.ndarray | None, dur: np.ndarray | None = No
     the larger of its host range (start marker → end marker) and its GPU part (from its start, or the end of the
     rank's earlier steps' GPU work if later, to its last op's end; a collective ends at its rendezvous). ``start``/``end``/``start_vertex``/``end_vertex`` are those of the
     larger one (the critical path walks from ``end_vertex`` back to ``start_vertex``); ``host_ns`` is the host range
-    alone (what a program's own clock around the step measures); ``gpu_ops`` counts the ops.
+    alone (what a program's own clock around the step measures), ``host_start`` its start; ``gpu_ops`` counts the ops.
 
     With ``t=None`` the observed times are used (GPU op ends as recorded): analyze's ``step_ns``.
     """
     if g.steps.height == 0:
         return pl.DataFrame(schema={"rank": pl.Int32, "step_ord": pl.Int64, "step_id": pl.Int64, "tokens": pl.Int64,
                                     "start": pl.Int64, "end": pl.Int64, "dur_ns": pl.Int64, "host_ns": pl.Int64,
-                                    "start_vertex": pl.Int64,
+                                    "host_start": pl.Int64, "start_vertex": pl.Int64,
                                     "end_vertex": pl.Int64, "_gpu_last": pl.Boolean, "gpu_ops": pl.UInt32})
     vid = g.ops.get_column("vid").to_numpy()
     if t is None:
@@ -255,9 +255,10 @@ def step_times(g: ReplayGraph, t: np.ndarray | None, dur: np.ndarray | None = No
         gpu.alias("_gpu_last"),
         step_ns_expr(pl.col("m1") - pl.col("m0"), part).alias("dur_ns"),
         (pl.col("m1") - pl.col("m0")).alias("host_ns"),
+        pl.col("m0").alias("host_start"),
     )
-    return st.select("rank", "step_ord", "step_id", "tokens", "start", "end", "dur_ns", "host_ns", "start_vertex",
-                     "end_vertex", "_gpu_last", "gpu_ops")
+    return st.select("rank", "step_ord", "step_id", "tokens", "start", "end", "dur_ns", "host_ns", "host_start",
+                     "start_vertex", "end_vertex", "_gpu_last", "gpu_ops")
 
 
 def critical_path_breakdown(g: ReplayGraph, res: SimResult, steps: pl.DataFrame,

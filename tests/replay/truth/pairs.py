@@ -51,6 +51,12 @@ PAIRS = [
     Pair("knob: batch ×2", "DeepSeek-V3 widths (MoE)", "dsv3f", "dsv3f_bs64", "knob:all"),
     Pair("knob: batch ×2", "Qwen3-235B widths (MoE)", "qwen3big", "qwen3big_bs128", "knob:all"),
     Pair("knob: batch ×4", "Llama-3-70B widths (dense)", "llama70w", "llama70w_bs128", "knob:all"),
+    # the same knobs with each decode step replayed from one CUDA graph (H100; the host out of the step)
+    Pair("knob: expert width ½", "Qwen3-235B widths (MoE), CUDA graph", "qwen3big_g", "qwen3big_halfw_g", "knob:moe_gemm"),
+    Pair("knob: expert width ½", "OLMoE widths (MoE), CUDA graph", "olmoew_g", "olmoew_halfw_g", "knob:moe_gemm"),
+    Pair("knob: MLP width ½", "Llama-3-70B widths (dense), CUDA graph", "llama70w_g", "llama70w_halfw_g", "knob:dense_gemm"),
+    Pair("knob: batch ×2", "Qwen3-235B widths (MoE), CUDA graph", "qwen3big_g", "qwen3big_bs128_g", "knob:all"),
+    Pair("knob: batch ×4", "Llama-3-70B widths (dense), CUDA graph", "llama70w_g", "llama70w_bs128_g", "knob:all"),
     Pair("CUDA graphs", "built-in MoE decoder", "tk_grouped", "tk_grouped_graph", "cuda-graph"),
     Pair("host syncs removed", "built-in MoE decoder", "tk_grouped_sync", "tk_grouped", "no-host-sync"),
     Pair("host syncs removed, then CUDA graphs", "built-in MoE decoder", "tk_grouped_sync", "tk_grouped_graph",
