@@ -45,12 +45,19 @@ def test_cpu_mode_says_why_not_in_its_section_not_as_a_finding():
     next-win section says why nothing was replayed."""
     import io
 
+    from tracekit.analysis.sections import Sections, build
     from tracekit.report.terminal import render_analysis
 
-    nw = {"status": "cpu_mode", "why": "replay models GPU streams", "rows": []}
+    nw = {"status": "cpu_mode", "why": "replay models GPU streams", "rows": [], "skipped": []}
     assert next_win_finding(nw) is None
+    tree = build({"schema_version": 1, "trace_schema_version": None, "world_size": None, "device_mode": "cpu",
+                  "window": {"start_ns": None, "end_ns": None, "reason": "extent", "trimmed_transient_ns": 0,
+                             "skipped_steps": 0},
+                  "buckets": [], "ranks": [], "overall": {"window_ns": 0, "gpu_busy_ns": 0, "time_ns": {}},
+                  "top_kernels": {}, "uncategorized_top": [], "findings": ["Communication dominates"], "next_win": nw,
+                  "quality": []}, Sections)
     buf = io.StringIO()
-    render_analysis({"next_win": nw, "findings": ["Communication dominates"]}, buf, width=100)
+    render_analysis(tree, buf, width=100)
     assert "Next win: not replayed — replay models GPU streams" in buf.getvalue()
 
 

@@ -19,7 +19,7 @@ US = 1000
 
 
 def p50(res, i=None):
-    return res.baseline["step_ns_p50"] if i is None else res.what_if[i].step_ns_p50
+    return res.baseline.step_ns_p50 if i is None else res.what_if[i].step_ns_p50
 
 
 def launch_bound() -> TraceBuilder:
@@ -46,8 +46,8 @@ def gpu_bound() -> TraceBuilder:
 def test_self_replay_exact_launch_and_gpu_bound():
     for b in (launch_bound(), gpu_bound()):
         r = replay(b.frame())
-        assert r.baseline["self_replay_error"] == 0.0
-        assert r.baseline["profiled_step_ns_p50"] == r.baseline["self_replay_step_ns_p50"]
+        assert r.baseline.self_replay_error == 0.0
+        assert r.baseline.profiled_step_ns_p50 == r.baseline.self_replay_step_ns_p50
 
 
 def test_launch_bound_kernel_scaling_does_not_change_step():
@@ -67,7 +67,7 @@ def test_gpu_bound_kernel_scaling_moves_step_by_the_saved_time():
     # the step's only sync is where the host takes its result: not a sync to remove (that would overlap steps)
     with pytest.raises(UsageError, match="only host syncs are each step's last"):
         replay(gpu_bound().frame(), what_ifs=["no-host-sync"])
-    cp = r.baseline["critical_path_ns"]
+    cp = r.baseline.critical_path_ns
     assert cp["moe_gemm"] == 30 * US
     assert cp["other_compute"] == 90 * US
     assert sum(cp.values()) == pytest.approx(140 * US)
@@ -116,14 +116,14 @@ def test_two_rank_rendezvous():
     assert g.instances.item(0, "transfer_ns") == 8 * US  # min over ranks, not rank 0's 38 µs
     r = replay(df, what_ifs=["dense_gemm=0.5", "other_compute=0.5", "communication=2", "allreduce=bw:1GB/s,lat:5us"])
     assert p50(r) == 70 * US
-    assert r.baseline["self_replay_error"] == 0.0
+    assert r.baseline.self_replay_error == 0.0
     assert p50(r, 0) == 50 * US  # the late rank arrives 20 µs earlier: both ranks finish earlier
     assert p50(r, 1) == 70 * US  # the early rank only waits longer
     assert p50(r, 2) == 78 * US  # transfer 8 → 16
     # fabric: 5 µs + 4096 B · 2·(2−1)/2 / 1 GB/s = 9.096 µs (vs 8): +1.096 µs
     assert p50(r, 3) == pytest.approx(70 * US + 1096, abs=1)
     # the wait of rank 0 is attributed to what delayed rank 1 (its dense GEMM), not to communication
-    cp = r.baseline["critical_path_ns"]
+    cp = r.baseline.critical_path_ns
     assert cp["dense_gemm"] == 40 * US and cp["communication"] == 8 * US
 
 
@@ -173,9 +173,9 @@ def test_calibration_fits_cpu_gap_scale():
     assert r.calibrated
     assert r.calibration_scale == pytest.approx(0.5, abs=2e-3)
     assert p50(r) == pytest.approx(54 * US, rel=1e-3)
-    assert r.baseline["measured_step_ns_p50"] == 54 * US
-    assert r.baseline["self_replay_error"] == 0.0
-    assert r.noise is not None and r.noise["relative"] == 0.0
+    assert r.baseline.measured_step_ns_p50 == 54 * US
+    assert r.baseline.self_replay_error == 0.0
+    assert r.noise is not None and r.noise.relative == 0.0
 
 
 def test_noise_warning_when_change_inside_noise():
@@ -184,7 +184,7 @@ def test_noise_warning_when_change_inside_noise():
     for i, d in enumerate((50, 50, 50, 58, 58, 58)):  # halves 50 vs 58 → noise 8 / p50 (nearest rank: 58)
         b.step(0, 5000 + i * 200, d, 100 + i, profiled=False, src="tracekit.step")
     r = replay(b.frame(), what_ifs=["other_compute=1.01"])
-    assert r.noise["relative"] == pytest.approx(8 / 58, rel=1e-6)
+    assert r.noise.relative == pytest.approx(8 / 58, rel=1e-6)
     assert r.what_if[0].within_noise is True
 
 
@@ -219,5 +219,26 @@ def test_bad_specs_raise_usage_error():
 def test_multi_rank_step_time_is_max_over_ranks():
     df = two_rank_rendezvous().frame()
     r = replay(df)
-    assert r.baseline["n_steps"] == 1
-    assert np.isfinite(r.baseline["step_ns_mean"])
+    assert r.baseline.n_steps == 1
+    assert np.isfinite(r.baseline.step_ns_mean)
+
+
+def test_json_keys_are_the_typed_fields_in_the_documented_order():
+    """``replay --json``: the typed ``baseline``, ``noise`` and ``graph`` encode to the keys (and order) the dicts
+    they replaced had (docs/replay.md), each value the field's own; nothing falls through to ``default=str``."""
+    import json
+
+    r = replay(calibration_trace().frame(), what_ifs=["other_compute=0.5"])
+    j = r.to_json()
+    assert list(j) == ["baseline", "calibration_scale", "calibrated", "noise", "what_if", "graph", "quality"]
+    assert list(j["baseline"]) == [
+        "step_ns_p50", "step_ns_mean", "measured_step_ns_p50", "measured_step_ns_mean", "measured_is_unprofiled",
+        "measured_host_range_ns_p50", "measured_is_host_range", "profiled_step_ns_p50", "profiled_host_range_ns_p50",
+        "self_replay_step_ns_p50", "self_replay_error", "calibrated_error", "tokens_per_s", "critical_path_ns", "n_steps",
+        "by_shape", "step_mode", "step_tokens", "host_call_scale", "gpu_gap_scale"]
+    assert list(j["noise"]) == ["relative", "halves_ns", "n_steps", "matched"]
+    assert list(j["graph"]) == ["vertices", "edges", "gpu_ops", "collective_instances", "ranks", "typical"]
+    for name, node in (("baseline", r.baseline), ("noise", r.noise), ("graph", r.graph)):
+        assert j[name] == {k: getattr(node, k) for k in j[name]}, name
+    assert json.dumps(j, default=str) == json.dumps(j)  # every value is JSON's own (no object written as its str)
+    assert replay(launch_bound().frame()).to_json()["noise"] is None  # no unprofiled timings: null, as before

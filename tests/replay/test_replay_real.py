@@ -46,19 +46,19 @@ def test_self_replay_within_1pct(converted, case):
     except UsageError as e:
         assert "no sync to remove" in str(e) or "no host syncs" in str(e)
     r = replay(df, meta, specs)
-    assert abs(r.baseline["self_replay_error"]) <= 0.01
-    assert r.graph["gpu_ops"] > 0
+    assert abs(r.baseline.self_replay_error) <= 0.01
+    assert r.graph.gpu_ops > 0
     # speeding kernels up or removing syncs never makes the step slower
-    assert r.what_if[0].step_ns_p50 <= r.baseline["step_ns_p50"]
-    assert all(w.step_ns_p50 <= r.baseline["step_ns_p50"] for w in r.what_if[1:])
+    assert r.what_if[0].step_ns_p50 <= r.baseline.step_ns_p50
+    assert all(w.step_ns_p50 <= r.baseline.step_ns_p50 for w in r.what_if[1:])
 
 
 def test_event_sync_trace_is_sync_bound(converted):
     # ProfilerStep#100: a spin kernel waited on by cudaEventSynchronize; doubling other kernels adds their time
     df, meta = read_trace(converted[CASES[0]])
     r = replay(df, meta, ["other_compute=2"])
-    assert r.what_if[0].step_ns_p50 > r.baseline["step_ns_p50"]
-    assert r.baseline["critical_path_ns"]["sync"] > 0
+    assert r.what_if[0].step_ns_p50 > r.baseline.step_ns_p50
+    assert r.baseline.critical_path_ns["sync"] > 0
 
 
 def test_cli_json(converted, tmp_path):

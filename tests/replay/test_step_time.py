@@ -50,10 +50,10 @@ def test_replay_baseline_is_analyze_step_p50(frames: dict[str, Path], case: str)
     b = r.baseline
     # the replay's baseline over the captured steps is analyze's step p50: observed exactly, and the (uncalibrated:
     # the corpus has no unprofiled timings) replayed baseline too
-    assert b["profiled_step_ns_p50"] == st["step_ns_p50"]
-    assert not r.calibrated and b["step_ns_p50"] == pytest.approx(st["step_ns_p50"], rel=1e-9)
-    assert b["step_mode"] == st["mode"] and b["step_tokens"] == st["tokens"] and b["n_steps"] == st["n_steps"]
-    assert b["tokens_per_s"] == pytest.approx(st["tokens_per_s"]) if st["tokens_per_s"] else b["tokens_per_s"] is None
+    assert b.profiled_step_ns_p50 == st["step_ns_p50"]
+    assert not r.calibrated and b.step_ns_p50 == pytest.approx(st["step_ns_p50"], rel=1e-9)
+    assert b.step_mode == st["mode"] and b.step_tokens == st["tokens"] and b.n_steps == st["n_steps"]
+    assert b.tokens_per_s == pytest.approx(st["tokens_per_s"]) if st["tokens_per_s"] else b.tokens_per_s is None
     # diff's summary reads the same value; so does the steps finding
     s = summarize_result(res)
     assert s.step_p50_ns == st["step_ns_p50"] and s.tokens_per_s == st["tokens_per_s"]

@@ -17,6 +17,7 @@ from rich.cells import cell_len
 from rich.console import Console
 from typer.testing import CliRunner
 
+from tracekit.analysis.sections import Sections
 from tracekit.report._fmt import ms, num
 from tracekit.report.terminal import _pct, fmt_ns, render_analysis
 
@@ -56,8 +57,12 @@ def check_width(text: str, width: int) -> None:
 
 # ---------------------------------------------------------------- analyze
 @pytest.fixture(scope="module")
-def results(tmp_path_factory) -> dict[str, dict]:
-    from tracekit.api import analyze
+def results(tmp_path_factory) -> dict[str, Sections]:
+    """The result trees (what ``render_analysis`` reads) of the fixtures and, where present, the nsys capture."""
+    from tracekit.api import analyze_result
+
+    def analyze(p: Path) -> Sections:
+        return analyze_result(p).sections
 
     out = {name: analyze(FIX / f"{name}.trace.parquet") for name in ("grouped", "loop")}
     if (NSYS / "tp2_rank1.sqlite").exists():
@@ -85,20 +90,20 @@ def test_analyze_fits_and_keeps_every_number(results, name, width):
     check_width(text, width)
     tables = parse_tables(text, [BREAKDOWN, TOPK])
     rows = joined_rows(tables[BREAKDOWN])
-    buckets = res["buckets"]
+    buckets = res.buckets
     by_rank = {r[0]: r for r in rows}
-    for r in res["ranks"]:
-        w = r["window_ns"]
-        want = [fmt_ns(w), _pct(r["gpu_busy_ns"], w)] + [_pct(r["time_ns"].get(b, 0), w) for b in buckets]
-        got = by_rank[str(r["rank"])]
+    for r in res.ranks:
+        w = r.window_ns
+        want = [fmt_ns(w), _pct(r.gpu_busy_ns, w)] + [_pct(r.time_ns.get(b, 0), w) for b in buckets]
+        got = by_rank[str(r.rank)]
         assert all(v in got for v in want), (want, got)
         # the cells keep their column order across the parts: window, busy, then the buckets
-        nums = [c for c in got if c != str(r["rank"])]
+        nums = [c for c in got if c != str(r.rank)]
         assert nums == want
     if width >= 200:
         assert len(tables[BREAKDOWN]) == 1  # a wide console shows the breakdown in one table
     trows = joined_rows(tables[TOPK])
-    want_k = [(str(k["count"]), fmt_ns(k["total_ns"]), fmt_ns(k["mean_ns"])) for ks in res["top_kernels"].values() for k in ks]
+    want_k = [(str(k.count), fmt_ns(k.total_ns), fmt_ns(k.mean_ns)) for ks in res.top_kernels.values() for k in ks]
     assert len(trows) == len(want_k)
     for got, want in zip(trows, want_k):
         assert got[-3:] == list(want), (got, want)  # count, total, mean whole (names may be shortened)

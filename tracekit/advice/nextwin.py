@@ -267,13 +267,13 @@ def next_win(df: pl.DataFrame | None, meta: Mapping[str, Any] | None, res: Mappi
     except (TracekitError, ValueError, KeyError) as e:
         return {"status": "replay_failed", "why": f"{type(e).__name__}: {e}", "rows": [], "skipped": skipped}
     base = r.baseline
-    if not math.isfinite(base["step_ns_p50"]):  # no job step of one shape to time: no figure to compare to
+    if not math.isfinite(base.step_ns_p50):  # no job step of one shape to time: no figure to compare to
         return {"status": "no_steps", "why": "the replay found no job step of one shape to time (the trace's steps "
                 "carry no mode or token count), so no change has a step time to compare", "rows": [], "skipped": skipped}
     rows = _rank(changes, r.what_if, skipped, top)
-    return {"status": "ok", "baseline": {"step_ns_p50": base["step_ns_p50"], "tokens_per_s": base.get("tokens_per_s"),
-                                         "calibrated": r.calibrated, "measured_step_ns_p50": base.get("measured_step_ns_p50"),
-                                         "profiled_step_ns_p50": base.get("profiled_step_ns_p50"),
+    return {"status": "ok", "baseline": {"step_ns_p50": base.step_ns_p50, "tokens_per_s": base.tokens_per_s,
+                                         "calibrated": r.calibrated, "measured_step_ns_p50": base.measured_step_ns_p50,
+                                         "profiled_step_ns_p50": base.profiled_step_ns_p50,
                                          "replayed": dict(replayed or {"whole": True, "rows": df.height})},
             "rows": rows, "skipped": skipped}
 

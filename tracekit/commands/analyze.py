@@ -68,7 +68,6 @@ def register(app: typer.Typer) -> None:
                 result = analyze_cluster(client, trace, keep_going=keep_going, **opts)
             result = result.with_trace(str(trace))
         _interrupt.check("analyze")
-        res = result.to_json()
         failed = _left_out(trace, result) if keep_going else []
         if html is not None:
             from tracekit.schema import read_trace
@@ -79,12 +78,12 @@ def register(app: typer.Typer) -> None:
             df, meta = read_trace(trace, ranks=_analyzed_ranks(trace, failed) if failed else None)
             render_timeline(df, meta, views_analysis(result), html, force=force)
         if as_json:
-            json.dump(res, sys.stdout, indent=1, default=str)
+            json.dump(result.to_json(), sys.stdout, indent=1, default=str)
             sys.stdout.write("\n")
         else:
             from tracekit.report.terminal import render_analysis
 
-            render_analysis(res, width=width)
+            render_analysis(result.sections, width=width)
         if failed:  # --keep-going: the answer is written, but it is not the whole capture (as convert --keep-going)
             print(f"tracekit: error: {len(failed)} rank(s) failed (rank {', '.join(map(str, failed))}); the result covers "
                   "the other ranks, flagged rank_failed", file=sys.stderr)

@@ -104,13 +104,13 @@ def acceptance_rows(traces: dict[str, tuple[pl.DataFrame, dict[str, Any]]]) -> l
         results[name] = r
         graphs[name] = build_graph(df)  # (built again: cheap at fixture sizes)
         b = r.baseline
-        noise = r.noise["relative"] if r.noise else None
-        err = b["self_replay_error"]
+        noise = r.noise.relative if r.noise is not None else None
+        err = b.self_replay_error
         rows.append({"what_if": f"self-replay {name}", "kind": "self", "base": name, "target": name,
-                     "predicted_ns": b["self_replay_step_ns_p50"], "measured_ns": b["profiled_step_ns_p50"],
+                     "predicted_ns": b.self_replay_step_ns_p50, "measured_ns": b.profiled_step_ns_p50,
                      "measured_is": "profiled", "error": err, "noise": noise,
                      "status": "pass" if abs(err) <= SELF_TOL else "FAIL", "scale": r.calibration_scale,
-                     "calibrated_error": b["calibrated_error"], "measured_unprofiled_ns": b["measured_step_ns_p50"],
+                     "calibrated_error": b.calibrated_error, "measured_unprofiled_ns": b.measured_step_ns_p50,
                      "cause": None})
     for label, base, tgt, knob in CASES:
         if base not in traces or tgt not in traces:
@@ -125,7 +125,7 @@ def acceptance_rows(traces: dict[str, tuple[pl.DataFrame, dict[str, Any]]]) -> l
             cat = knob
             specs = [f"{cat}={class_ratio(gb, gt, cat):.4f}"]
         r = replay(bdf, bmeta, specs, durations_from=tdf)
-        base_noise = r.noise["relative"] if r.noise else None
+        base_noise = r.noise.relative if r.noise is not None else None
         host_b, host_t = host_time_per_step(gb), host_time_per_step(gt)
         diag: dict[str, Any] = {
             "host_time_change": (host_t / host_b - 1) if host_b else None,
@@ -148,7 +148,7 @@ def acceptance_rows(traces: dict[str, tuple[pl.DataFrame, dict[str, Any]]]) -> l
                          "predicted_ns": p.step_ns_p50, "measured_ns": measured, "measured_is": "unprofiled",
                          "error": err, "noise": noise, "status": status, "scale": r.calibration_scale,
                          "predicted_change": p.change,
-                         "measured_change": measured / r.baseline["measured_step_ns_p50"] - 1,
+                         "measured_change": measured / r.baseline.measured_step_ns_p50 - 1,
                          "by_shape": shapes, "diagnostics": diag, "notes": p.notes, "cause": cause})
     return rows
 
@@ -182,7 +182,7 @@ def _cause(p: Any, r: Any, m: dict[str, Any], diag: dict[str, Any], cat: str | N
     if mr is not None and mr < 0.5:
         out.append(f"oracle matched only {mr:.0%} of the baseline's ops by name (kernel structure differs)")
     hc = diag.get("host_time_change")
-    mc = m["step_ns_p50"] / r.baseline["measured_step_ns_p50"] - 1
+    mc = m["step_ns_p50"] / r.baseline.measured_step_ns_p50 - 1
     if hc is not None and abs(hc) > abs(p.change) and np.sign(hc) == np.sign(mc) and abs(hc) > 0.01:
         out.append(f"the knob changed host time: launching-thread time per profiled step {hc:+.1%} between the "
                    f"captures (measured change {mc:+.1%}, predicted {p.change:+.1%}); the what-if edits GPU "

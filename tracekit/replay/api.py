@@ -7,7 +7,7 @@ trace has one, then replay every what-if with that scale. Pure: no IO, no printi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace, fields
 from typing import Any, Sequence
 
 import numpy as np
@@ -35,7 +35,74 @@ from tracekit.replay.simulate import (
 )
 from tracekit.replay.whatif import WhatIf, oracle_whatif, parse_whatif
 
-__all__ = ["replay", "ReplayResult", "Prediction", "Replayer", "measure"]
+__all__ = ["replay", "ReplayResult", "Prediction", "Baseline", "Noise", "GraphInfo", "Replayer", "measure"]
+
+
+def _as_json(node: Any) -> dict[str, Any]:
+    """A node's fields in declaration order, values as they are (the ``--json`` object's keys are the field names)."""
+    return {f.name: getattr(node, f.name) for f in fields(node)}
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The replayed baseline (``baseline`` in ``replay --json``; fields in its key order). Job step times (ns) of
+    the primary shape: the calibrated replay's ``step_ns_p50``/``_mean`` (what the what-ifs compare to); ``measured_*``
+    what calibration aimed at (the unprofiled timing; the profiled steps without one); ``profiled_*`` the trace's
+    own steps (analyze's ``steps.step_time``); ``self_replay_*`` the uncalibrated replay against them;
+    ``critical_path_ns`` per category per step; ``by_shape`` the p50 per (mode, tokens)."""
+
+    step_ns_p50: float
+    step_ns_mean: float
+    measured_step_ns_p50: float
+    measured_step_ns_mean: float
+    measured_is_unprofiled: bool
+    measured_host_range_ns_p50: float | None
+    measured_is_host_range: bool
+    profiled_step_ns_p50: float
+    profiled_host_range_ns_p50: float
+    self_replay_step_ns_p50: float
+    self_replay_error: float
+    calibrated_error: float | None
+    tokens_per_s: float | None
+    critical_path_ns: dict[str, float]
+    n_steps: int
+    by_shape: list[dict[str, Any]]
+    step_mode: str | None
+    step_tokens: int | None
+    host_call_scale: float | None = None  # the calls' own-time scale (calibration past the CPU-gap floor), or None
+    gpu_gap_scale: float | None = None  # the GPU's queued-op gap scale (GPU-bound steps, fitted to the period), or None
+
+    def to_json(self) -> dict[str, Any]:
+        return _as_json(self)
+
+
+@dataclass(frozen=True)
+class Noise:
+    """The run-to-run noise of the matched unprofiled steps (``noise`` in ``replay --json``): ``relative`` spread of
+    the two halves' medians (None with fewer than 4 steps), the halves, how many steps, the match per shape."""
+
+    relative: float | None
+    halves_ns: list[float] | None
+    n_steps: int
+    matched: list[dict[str, Any]] | None
+
+    def to_json(self) -> dict[str, Any]:
+        return _as_json(self)
+
+
+@dataclass(frozen=True)
+class GraphInfo:
+    """The dependency graph replayed (``graph`` in ``replay --json``): its size, ranks, typical edge values by rank."""
+
+    vertices: int
+    edges: int
+    gpu_ops: int
+    collective_instances: int
+    ranks: list[int]
+    typical: dict[str, dict[str, int]]
+
+    def to_json(self) -> dict[str, Any]:
+        return _as_json(self)
 
 
 @dataclass
@@ -65,12 +132,12 @@ class Prediction:
 
 @dataclass
 class ReplayResult:
-    baseline: dict[str, Any]
+    baseline: Baseline
     calibration_scale: float
     calibrated: bool
-    noise: dict[str, Any] | None
+    noise: Noise | None
     what_if: list[Prediction]
-    graph: dict[str, Any]
+    graph: GraphInfo
     quality: list[Quality]
     #: replayed job steps (mode, tokens) that unprofiled timings are matched to (not in the JSON)
     reference: pl.DataFrame | None = None
@@ -80,9 +147,9 @@ class ReplayResult:
         return measure(target_df, self.reference) if self.reference is not None else None
 
     def to_json(self) -> dict[str, Any]:
-        return {"baseline": self.baseline, "calibration_scale": self.calibration_scale,
-                "calibrated": self.calibrated, "noise": self.noise,
-                "what_if": [p.to_json() for p in self.what_if], "graph": self.graph,
+        return {"baseline": self.baseline.to_json(), "calibration_scale": self.calibration_scale,
+                "calibrated": self.calibrated, "noise": None if self.noise is None else self.noise.to_json(),
+                "what_if": [p.to_json() for p in self.what_if], "graph": self.graph.to_json(),
                 "quality": [q.to_json() for q in self.quality]}
 
 
@@ -272,8 +339,8 @@ def _fit_gpu_gaps(rp: Replayer, df: pl.DataFrame, base_in: SimInputs, calibrated
     return with_gpu_gap_scale(rp.g, base_in, scale), scale
 
 
-def _baseline(rp: Replayer, unp: UnprofiledTiming | None, base_in: SimInputs, cp_steps: int) -> tuple[dict[str, Any], Any]:
-    """The ``baseline`` object and (its step table, simulation result)."""
+def _baseline(rp: Replayer, unp: UnprofiledTiming | None, base_in: SimInputs, cp_steps: int) -> tuple[Baseline, Any]:
+    """The :class:`Baseline` and (its step table, simulation result)."""
     g = rp.g
     obs_st = step_times(g, None)
     obs_p50, obs_mean = _stats(rp._jobs_of(obs_st, primary=True).get_column("dur_ns").to_numpy().astype(float))
@@ -286,20 +353,20 @@ def _baseline(rp: Replayer, unp: UnprofiledTiming | None, base_in: SimInputs, cp
     # the unprofiled records measure the step's range: its whole time only when the range holds the step's GPU work
     host_only = unp is not None and obs_p50 > 1.01 * host_obs
     tok = rp.tokens or (unp.tokens_p50 if unp else None)
-    base = {
-        "step_ns_p50": b_p50, "step_ns_mean": b_mean,
-        "measured_step_ns_p50": (b_p50 if host_only else unp.p50) if unp else obs_p50,
-        "measured_step_ns_mean": unp.mean if unp else obs_mean,
-        "measured_is_unprofiled": unp is not None, "measured_host_range_ns_p50": unp.p50 if unp else None,
-        "measured_is_host_range": host_only,
-        "profiled_step_ns_p50": obs_p50, "profiled_host_range_ns_p50": host_obs,
-        "self_replay_step_ns_p50": self_p50,
-        "self_replay_error": (self_p50 - obs_p50) / obs_p50 if obs_p50 else float("nan"),
-        "calibrated_error": ((b_host - unp.p50) / unp.p50) if unp else None,
-        "tokens_per_s": (tok / b_p50 * 1e9) if tok and b_p50 else None,
-        "critical_path_ns": critical_path_breakdown(g, bres, rp.primary(bst), cp_steps),
-        "n_steps": int(bx.size), "by_shape": rp.by_shape(bst), "step_mode": rp.mode, "step_tokens": rp.tokens,
-    }
+    base = Baseline(
+        step_ns_p50=b_p50, step_ns_mean=b_mean,
+        measured_step_ns_p50=(b_p50 if host_only else unp.p50) if unp else obs_p50,
+        measured_step_ns_mean=unp.mean if unp else obs_mean,
+        measured_is_unprofiled=unp is not None, measured_host_range_ns_p50=unp.p50 if unp else None,
+        measured_is_host_range=host_only,
+        profiled_step_ns_p50=obs_p50, profiled_host_range_ns_p50=host_obs,
+        self_replay_step_ns_p50=self_p50,
+        self_replay_error=(self_p50 - obs_p50) / obs_p50 if obs_p50 else float("nan"),
+        calibrated_error=((b_host - unp.p50) / unp.p50) if unp else None,
+        tokens_per_s=(tok / b_p50 * 1e9) if tok and b_p50 else None,
+        critical_path_ns=critical_path_breakdown(g, bres, rp.primary(bst), cp_steps),
+        n_steps=int(bx.size), by_shape=rp.by_shape(bst), step_mode=rp.mode, step_tokens=rp.tokens,
+    )
     return base, (bst, bres)
 
 
@@ -316,18 +383,18 @@ def _with_oracle(rp: Replayer, wis: list[WhatIf], combos: list[tuple[int, str]],
     return scen
 
 
-def _predict(rp: Replayer, w: WhatIf, base_in: SimInputs, base: dict[str, Any], noise: float | None,
+def _predict(rp: Replayer, w: WhatIf, base_in: SimInputs, base: Baseline, noise: float | None,
              tgt: dict[str, Any] | None, cp_steps: int) -> Prediction:
     inp, notes = w.apply(rp.g, base_in)
     x, st, res = rp.step_series(inp)
     w_p50, mean = _stats(x)
-    b_p50 = base["step_ns_p50"]
+    b_p50 = base.step_ns_p50
     change = (w_p50 - b_p50) / b_p50 if b_p50 else float("nan")
     within = (abs(change) <= noise) if noise is not None else None
     if within:
         notes = [*notes, f"predicted change {change:+.1%} lies inside the noise floor ({noise:.1%})"]
     meas = {**tgt, "error": w_p50 / tgt["step_ns_p50"] - 1} if tgt is not None else None  # --durations-from: target run
-    tok = base["step_tokens"]
+    tok = base.step_tokens
     return Prediction(w.spec, w_p50, mean, (tok / w_p50 * 1e9) if tok and w_p50 else None,
                       critical_path_breakdown(rp.g, res, rp.primary(st), cp_steps), change, within, notes, meas,
                       rp.by_shape(st))
@@ -366,18 +433,17 @@ def replay(
     base_in, call_scale = _fit_host_calls(rp, unp, inputs_from_graph(rp.g, scale), scale, calibrated, q)
     base_in, gpu_scale = _fit_gpu_gaps(rp, df, base_in, calibrated, q)
     baseline, _bsim = _baseline(rp, unp, base_in, critical_path_steps)
-    baseline["host_call_scale"] = call_scale
-    baseline["gpu_gap_scale"] = gpu_scale
+    baseline = replace(baseline, host_call_scale=call_scale, gpu_gap_scale=gpu_scale)
     tgt = measure(durations_from, ref) if isinstance(durations_from, pl.DataFrame) else None
     noise = unp.noise if unp else None
     preds = [_predict(rp, w, base_in, baseline, noise, tgt, critical_path_steps)
              for w in _with_oracle(rp, wis, combos, durations_from)]
     noise_d = None
     if unp is not None:
-        noise_d = {"relative": unp.noise, "halves_ns": list(unp.halves_ns) if unp.halves_ns else None,
-                   "n_steps": int(unp.step_ns.size), "matched": unp.matched}
+        noise_d = Noise(relative=unp.noise, halves_ns=list(unp.halves_ns) if unp.halves_ns else None,
+                        n_steps=int(unp.step_ns.size), matched=unp.matched)
     g = rp.g
-    graph_info = {"vertices": g.n_vertices, "edges": g.n_edges, "gpu_ops": g.ops.height,
-                  "collective_instances": g.instances.height, "ranks": g.ranks,
-                  "typical": {str(k): v for k, v in g.typical.items()}}
+    graph_info = GraphInfo(vertices=g.n_vertices, edges=g.n_edges, gpu_ops=g.ops.height,
+                           collective_instances=g.instances.height, ranks=g.ranks,
+                           typical={str(k): v for k, v in g.typical.items()})
     return ReplayResult(baseline, scale, calibrated, noise_d, preds, graph_info, list(q), ref)

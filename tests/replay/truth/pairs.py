@@ -140,7 +140,7 @@ def predicted(p: Pair) -> dict[str, Any]:
     df, meta = load(p.baseline)
     r = replay(df, meta, [spec])
     b, w = r.baseline, r.what_if[0]
-    return {"spec": spec, "ratio": w.step_ns_p50 / b["step_ns_p50"], "baseline_ms": b["step_ns_p50"] / 1e6,
+    return {"spec": spec, "ratio": w.step_ns_p50 / b.step_ns_p50, "baseline_ms": b.step_ns_p50 / 1e6,
             "predicted_ms": w.step_ns_p50 / 1e6, "scale": r.calibration_scale, "notes": w.notes}
 
 
