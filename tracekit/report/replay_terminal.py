@@ -52,11 +52,17 @@ def _calibration(c: Console, res: ReplayResult) -> None:
                 f"{_ms(b.measured_step_ns_p50)} ms")
     if res.noise is not None and res.noise.relative is not None:
         c.print(f"noise floor (two halves of {res.noise.n_steps} matched unprofiled steps): {res.noise.relative:.1%}")
+    else:
+        c.print("noise floor: unknown (fewer than 4 matched unprofiled steps)" if res.noise is not None
+                else "noise floor: unknown (no unprofiled timings)")
     if b.step_mode is not None:
         c.print(f"compared: {b.step_mode} steps of {b.step_tokens} tokens (the primary shape; every shape "
                 "in --json by_shape)")
-    else:
-        c.print("noise floor: unknown (no unprofiled timings)")
+    if b.host_call_scale is not None or b.gpu_gap_scale is not None:
+        parts = ([f"calls' own time ×{b.host_call_scale:.3f}"] if b.host_call_scale is not None else []) + \
+                ([f"GPU gaps between queued ops ×{b.gpu_gap_scale:.3f} (fitted to the step period)"]
+                 if b.gpu_gap_scale is not None else [])
+        c.print("profiler distortion removed: " + ", ".join(parts))
 
 
 def _predicted(c: Console, res: ReplayResult) -> None:
