@@ -1,4 +1,4 @@
-"""Suite-wide setup: where the shared test traces are.
+"""Suite-wide setup: where the shared test traces are, and which tests run alone.
 
 Tests read the real traces from ``shared/traces`` beside the checkout (the CI
 layout) or ``/work/shared/traces``; ``TRACEKIT_TRACES`` overrides both. The
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+
+import pytest
 
 
 def _traces_root() -> str:
@@ -33,3 +35,19 @@ try:  # CI runs property tests with a fixed seed per test, so a landing never de
         _hsettings.load_profile("ci")
 except ImportError:  # pragma: no cover - hypothesis is a dev dependency
     pass
+
+
+#: tests that run in the serial pass (``-m serial``; README's test command): they time a live program (capture windows,
+#: signals at points of a run, a 10 s scheduler deadline, browser page loads), spawn worker pools, or kill a convert
+#: mid-write; a second test beside them on a 2-core machine moves what they measure. The rest run with ``-n auto``.
+_SERIAL_DIRS = frozenset({"capture", "faults", "cpu_mode", "cluster", "sglang"})
+_SERIAL_FILES = frozenset({"test_atomic.py", "test_staging.py", "test_interrupts.py"})
+_TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        path = Path(str(item.path))
+        top = path.relative_to(_TESTS).parts[0] if path.is_relative_to(_TESTS) else ""
+        if top in _SERIAL_DIRS or path.name in _SERIAL_FILES or item.get_closest_marker("browser") is not None:
+            item.add_marker(pytest.mark.serial)
