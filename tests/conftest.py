@@ -38,8 +38,9 @@ except ImportError:  # pragma: no cover - hypothesis is a dev dependency
 
 
 #: tests that run in the serial pass (``-m serial``; README's test command): they time a live program (capture windows,
-#: signals at points of a run, a 10 s scheduler deadline, browser page loads), spawn worker pools, or kill a convert
-#: mid-write; a second test beside them on a 2-core machine moves what they measure. The rest run with ``-n auto``.
+#: signals at points of a run, a 10 s scheduler deadline), spawn worker pools, or kill a convert mid-write; a second
+#: test beside them on a 2-core machine moves what they measure. The rest run with ``-n auto`` (browser tests too:
+#: Chromium runs them on a virtual clock).
 _SERIAL_DIRS = frozenset({"capture", "faults", "cpu_mode", "cluster", "sglang"})
 _SERIAL_FILES = frozenset({"test_atomic.py", "test_staging.py", "test_interrupts.py"})
 _TESTS = Path(__file__).resolve().parent
@@ -49,5 +50,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         path = Path(str(item.path))
         top = path.relative_to(_TESTS).parts[0] if path.is_relative_to(_TESTS) else ""
-        if top in _SERIAL_DIRS or path.name in _SERIAL_FILES or item.get_closest_marker("browser") is not None:
+        if top in _SERIAL_DIRS or path.name in _SERIAL_FILES:
             item.add_marker(pytest.mark.serial)
