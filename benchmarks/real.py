@@ -150,12 +150,17 @@ def _fmt(r: dict[str, Any]) -> str:
     return f"{r['cpu_s']:7.2f} CPU-s  {r['proc_wall_s']:7.2f} s wall  {r['peak_mb']:6.0f} MB peak"
 
 
+#: environment of the HTA child only (``--hta-path``: HTA installed with ``pip install --target``, so its pandas and
+#: numpy never enter tracekit's processes)
+_HTA_ENV: dict[str, str] | None = None
+
+
 def compare(label: str, src: Path, json_mb: float, work: Path, timeout: float, hta: bool) -> dict[str, Any]:
     """convert + analyze (tracekit) and load + temporal + idle (HTA) on the same directory of rank files; prints the ratios."""
     out = work / f"{src.name}.parquet"
     conv = _measure(["convert", str(out), str(src)], timeout)
     an = _measure(["analyze", str(out)], timeout) if "error" not in conv else {"error": "no trace.parquet"}
-    h = _measure(["hta", str(src)], timeout) if hta else {"error": "skipped"}
+    h = _measure(["hta", str(src)], timeout, env=_HTA_ENV) if hta else {"error": "skipped"}
     print(f"\n{label}: {json_mb:.1f} MB of JSON")
     print(f"  tracekit convert  {_fmt(conv)}")
     if "error" not in conv:
@@ -214,9 +219,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--memory", default="1,2,4,8", help="rank counts for the analyze memory table ('' : skip)")
     ap.add_argument("--many", type=int, default=0, help="add this rank count to the memory table (e.g. 64)")
     ap.add_argument("--skip-hta", action="store_true")
+    ap.add_argument("--hta-path", type=Path, help="a directory holding traceinsight (pip install --target DIR "
+                    "traceinsight==0.6.1), put on PYTHONPATH for the HTA child alone")
     ap.add_argument("--timeout", type=float, default=1500.0, help="per measurement, seconds")
     ap.add_argument("--json", type=Path, help="write every figure here")
     a = ap.parse_args(argv)
+    global _HTA_ENV
+    if a.hta_path is not None:
+        _HTA_ENV = {"PYTHONPATH": os.pathsep.join([str(a.hta_path), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     a.work.mkdir(parents=True, exist_ok=True)
     fl = floors(a.trace)
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; {a.trace} = {fl['json_mb']:.1f} MB of JSON")
