@@ -151,3 +151,44 @@ def test_sampled_replay_matches_whole_trace(tiled: Path, monkeypatch: pytest.Mon
     assert np.mean(np.abs(got / whole[sel] - 1) < 0.01) >= 0.8
     assert p50(got) == pytest.approx(p50(whole[sel]), rel=0.01)
     assert analyze_frame(df, meta)["next_win"] == part
+
+
+def test_coupled_ranks_join_through_process_groups() -> None:
+    import polars as pl
+
+    from tracekit.advice.nextwin import coupled_ranks
+
+    inst = pl.DataFrame({"pg": ["tp0", "tp0", "tp1", "tp1", "dp", "dp"], "rank": [0, 1, 2, 3, 1, 5]})
+    assert coupled_ranks([0, 1, 2, 3, 4, 5], inst) == [[0, 1, 5], [2, 3], [4]]
+    assert coupled_ranks([3, 1, 2], None) == [[1], [2], [3]]
+
+
+def test_sample_bounded_in_ranks_keeps_whole_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One job step of every rank over the budget: whole coupled groups replay, in order, up to it."""
+    import polars as pl
+
+    import tracekit.advice.nextwin as nw
+    from tests.replay.frames import TraceBuilder
+
+    b = TraceBuilder()
+    for r in range(6):
+        t = 0.0
+        for s in range(4):
+            b.step(r, t, 100.0, step_id=s)
+            for i in range(20):
+                b.launch(r, t + 1 + 4 * i, 2.0, t + 3 + 4 * i, 3.0, step_id=s)
+            t += 200.0
+    df = b.frame()
+    rank_rows = {int(r): int(n) for r, n in df.group_by("rank").len().iter_rows()}  # 164 per rank, 41 per step
+    monkeypatch.setattr(nw, "REPLAY_ROWS", 100)  # one step of all six ranks (246 rows) is over it
+    groups = [[0, 1], [2, 3], [4, 5]]
+    sample, info = nw.replay_rows(df.lazy(), list(range(6)), df.height, rank_rows=rank_rows, groups=groups)
+    assert info["ranks"] == [0, 1] and info["of_ranks"] == 6 and info["steps"] >= 1  # 2 ranks: 82 rows a step
+    assert sample is not None and set(sample.get_column("rank").unique().to_list()) == {0, 1}
+    # without the groups (or within budget) every rank replays, as before
+    _s, whole = nw.replay_rows(df.lazy(), list(range(6)), df.height)
+    assert "ranks" not in whole
+    monkeypatch.setattr(nw, "REPLAY_ROWS", 10_000)
+    _s, small = nw.replay_rows(df.lazy(), list(range(6)), df.height, rank_rows=rank_rows, groups=groups)
+    assert small["whole"] and "ranks" not in small
+    assert isinstance(sample, pl.DataFrame)

@@ -76,11 +76,53 @@ def _runs(n_job: int, k: int, segments: int) -> list[tuple[int, int]]:
     return [(int(g[0]), int(g[-1]) + 1) for g in np.split(idx, cut) if g.size]
 
 
-def replay_rows(lf: pl.LazyFrame, ranks: Sequence[int], rows: int, *, collect: Any = None) -> tuple[pl.DataFrame | None, dict[str, Any]]:
-    """The rows :func:`next_win` replays, and what they are (``whole``, ``steps``, ``of_steps``, ``stretches``, ``rows``).
+def coupled_ranks(ranks: Sequence[int], instances: pl.DataFrame | None) -> list[list[int]]:
+    """``ranks`` in groups that must replay together: ranks joined by a collective of one process group (through any
+    chain of groups) are one group; a rank in no collective is its own. Groups in order of their lowest rank."""
+    parent = {int(r): int(r) for r in ranks}
+
+    def find(r: int) -> int:
+        while parent[r] != r:
+            parent[r] = parent[parent[r]]
+            r = parent[r]
+        return r
+
+    if instances is not None and instances.height and {"pg", "rank"} <= set(instances.columns):
+        for members in instances.group_by("pg").agg(pl.col("rank").unique()).get_column("rank").to_list():
+            ms = [int(m) for m in members if int(m) in parent]
+            for m in ms[1:]:
+                parent[find(m)] = find(ms[0])
+    out: dict[int, list[int]] = {}
+    for r in sorted(parent):
+        out.setdefault(find(r), []).append(r)
+    return sorted(out.values(), key=lambda g: g[0])
+
+
+def _bounded_ranks(groups: list[list[int]], rank_rows: Mapping[int, int], n_job: int) -> list[int]:
+    """Whole coupled groups, in order, while one job step of them stays within :data:`REPLAY_ROWS` rows (the first
+    group always): a sample bounded in ranks when one step of every rank is already over the budget."""
+    keep: list[int] = []
+    used = 0.0
+    for g in groups:
+        need = sum(rank_rows.get(r, 0) for r in g) / max(n_job, 1)
+        if keep and used + need > REPLAY_ROWS:
+            break
+        keep += g
+        used += need
+    return keep
+
+
+def replay_rows(lf: pl.LazyFrame, ranks: Sequence[int], rows: int, *, collect: Any = None,
+                rank_rows: Mapping[int, int] | None = None,
+                groups: list[list[int]] | None = None) -> tuple[pl.DataFrame | None, dict[str, Any]]:
+    """The rows :func:`next_win` replays, and what they are (``whole``, ``steps``, ``of_steps``, ``stretches``, ``rows``;
+    ``ranks`` / ``of_ranks`` when only some ranks replay).
 
     ``lf``: the trace (a scan or a frame's lazy view); ``ranks``: its ranks with GPU ops; ``rows``: its row count
     (all kinds: an upper bound of what replay reads). ``collect`` (LazyFrame → DataFrame) maps read errors.
+    ``rank_rows`` (rows per rank) and ``groups`` (:func:`coupled_ranks`) bound the sample in ranks too: when a single
+    job step of every rank is over :data:`REPLAY_ROWS`, whole coupled groups replay, in order, up to that budget (a
+    job step is the slowest rank's; the groups left out are named in ``info``).
     Returns ``(None, info)`` when the trace cannot be sampled and is too large to replay whole.
     """
     from tracekit.replay.graph import REPLAY_COLUMNS, REPLAY_KINDS, replay_steps
@@ -106,6 +148,9 @@ def replay_rows(lf: pl.LazyFrame, ranks: Sequence[int], rows: int, *, collect: A
     k = int(min(REPLAY_STEPS, n_job, max(1, REPLAY_ROWS * n_job // max(rows, 1))))
     if k >= n_job:
         return run(base.select(cols)), {"whole": True, "rows": rows}
+    of_ranks = len(ranks)
+    if rank_rows is not None and groups and rows > REPLAY_ROWS * n_job and len(groups) > 1:
+        ranks = _bounded_ranks(groups, rank_rows, n_job)
     segs = max(1, min(REPLAY_SEGMENTS, k // 2))  # a stretch: one lead-in step and at least one measured step
     runs = _runs(n_job, k, segs)
     t = pl.coalesce(pl.col("launch_ts_ns"), pl.col("ts_ns")) if "launch_ts_ns" in names else pl.col("ts_ns")
@@ -124,8 +169,11 @@ def replay_rows(lf: pl.LazyFrame, ranks: Sequence[int], rows: int, *, collect: A
         parts.append(run(base.filter((pl.col("rank") == r) & (span | unprofiled.fill_null(False))).select(cols)))
     df = pl.concat(parts, how="vertical_relaxed") if parts else None
     measured = sum(b - a - (1 if a > 0 else 0) for a, b in runs)
-    return df, {"whole": False, "steps": measured, "of_steps": n_job, "stretches": [list(x) for x in runs],
-                "rows": int(df.height) if df is not None else 0}
+    info: dict[str, Any] = {"whole": False, "steps": measured, "of_steps": n_job, "stretches": [list(x) for x in runs],
+                            "rows": int(df.height) if df is not None else 0}
+    if len(ranks) < of_ranks:
+        info.update(ranks=[int(r) for r in ranks], of_ranks=of_ranks)
+    return df, info
 
 
 @dataclass(frozen=True)
@@ -333,7 +381,9 @@ def next_win_stage(run: FinishedRun) -> StageOutput:
     if not cpu:
         gpu = [int(r) for r in ov.ranks.filter(pl.col("has_gpu"))["rank"].to_list()]
         path = getattr(run.source, "path", "trace")
-        df, info = replay_rows(run.source.lazy(), gpu, int(ov.ranks["rows"].sum()), collect=lambda q: collect_trace(q, path))
+        rank_rows = {int(r): int(n) for r, n in ov.ranks.select("rank", "rows").iter_rows()}
+        df, info = replay_rows(run.source.lazy(), gpu, int(ov.ranks["rows"].sum()), collect=lambda q: collect_trace(q, path),
+                               rank_rows=rank_rows, groups=coupled_ranks(gpu, plan.view))
     inst = None
     if df is not None and plan.view is not None and plan.view.height:
         inst = instances_in_input_time(plan.view, plan.align.offsets_ns if plan.align.applied else {})

@@ -438,7 +438,8 @@ class Interconnect(Node, frozen=True, kw_only=True):
 
 # ---------------------------------------------------------------- next win
 class Replayed(Node, frozen=True, kw_only=True):
-    """What next win replayed: the whole trace, or ``steps`` of ``of_steps`` job steps in ``stretches``."""
+    """What next win replayed: the whole trace, or ``steps`` of ``of_steps`` job steps in ``stretches``; and, when one
+    job step of every rank is over the sample's budget, only ``ranks`` of ``of_ranks`` (whole coupled groups)."""
 
     whole: bool
     why: str | UnsetType = UNSET
@@ -446,6 +447,8 @@ class Replayed(Node, frozen=True, kw_only=True):
     of_steps: int | UnsetType = UNSET
     stretches: tuple[tuple[int, int], ...] | UnsetType = UNSET
     rows: int | UnsetType = UNSET
+    ranks: tuple[int, ...] | UnsetType = UNSET
+    of_ranks: int | UnsetType = UNSET
 
 
 class NextWinBaseline(Node, frozen=True, kw_only=True):
