@@ -27,8 +27,8 @@ import polars as pl
 
 from tracekit.analysis.steptime import p50
 
-__all__ = ["UnprofiledTiming", "unprofiled_timing", "matched_timing", "matched_period", "job_step_series", "MATCH_K",
-           "MATCH_RADIUS"]
+__all__ = ["UnprofiledTiming", "unprofiled_timing", "matched_timing", "matched_period", "consecutive_periods",
+           "job_step_series", "MATCH_K", "MATCH_RADIUS"]
 
 #: unprofiled steps matched per (mode, tokens) shape, and how far (in forwards) from a profiled step they may be
 MATCH_K = 10
@@ -62,15 +62,9 @@ def job_step_series(steps: pl.DataFrame, key: str = "step_ord", dur: str = "dur_
 
 def unprofiled_timing(df: pl.DataFrame, meta: dict[str, Any] | None = None, mode: str | None = None) -> UnprofiledTiming | None:
     """The unprofiled step timings recorded at capture (only ``step_mode == mode`` when given), or None."""
-    st = df.filter((pl.col("kind").cast(pl.String) == "step") & (pl.col("profiled") == False))  # noqa: E712
-    if mode is not None:
-        st = st.filter(pl.col("step_mode").cast(pl.String) == mode)
+    st = _unprofiled_rows(df, mode)
     if st.height == 0:
         return None
-    if "src" in st.columns:
-        own = st.filter(pl.col("src").cast(pl.String) == "tracekit.step")
-        if own.height:
-            st = own
     st = st.sort(["rank", "ts_ns"]).with_columns(pl.int_range(pl.len()).over("rank").alias("_i"))
     x = job_step_series(st, key="_i")
     if x.size == 0:
@@ -86,21 +80,53 @@ def unprofiled_timing(df: pl.DataFrame, meta: dict[str, Any] | None = None, mode
                             _f(tok.median()) if tok.len() else None)
 
 
-def _job_unprofiled(df: pl.DataFrame) -> pl.DataFrame:
-    """Unprofiled step rows → one row per job step: ts (min over ranks), dur (max over ranks), mode, tokens."""
+def _unprofiled_rows(df: pl.DataFrame, mode: str | None = None) -> pl.DataFrame:
+    """The unprofiled step records (``kind="step"``, ``profiled=False``; tracekit's own, ``src="tracekit.step"``, where
+    there are any), of ``mode`` when given."""
     st = df.filter((pl.col("kind").cast(pl.String) == "step") & (pl.col("profiled") == False))  # noqa: E712
+    if mode is not None:
+        st = st.filter(pl.col("step_mode").cast(pl.String) == mode)
     if "src" in st.columns:
         own = st.filter(pl.col("src").cast(pl.String) == "tracekit.step")
         if own.height:
             st = own
+    return st
+
+
+def _job_unprofiled(df: pl.DataFrame) -> pl.DataFrame:
+    """Unprofiled step rows → one row per job step: ts (min over ranks), dur (max over ranks), mode, tokens, and
+    ``fwd``: the step id (null where the records carry none: then the n-th of every rank is one job step)."""
+    st = _unprofiled_rows(df)
     if st.height == 0:
-        return pl.DataFrame(schema={"ts": pl.Int64, "dur": pl.Int64, "mode": pl.String, "tokens": pl.Int64})
+        return pl.DataFrame(schema={"ts": pl.Int64, "dur": pl.Int64, "mode": pl.String, "tokens": pl.Int64, "fwd": pl.Int64})
     st = st.sort(["rank", "ts_ns"]).with_columns(pl.int_range(pl.len()).over("rank").alias("_i"))
-    key = "step_id" if st.get_column("step_id").null_count() == 0 else "_i"
+    ids = st.get_column("step_id").null_count() == 0
+    key = "step_id" if ids else "_i"
     return (st.group_by(key).agg(pl.col("ts_ns").min().alias("ts"), pl.col("dur_ns").max().alias("dur"),
                                  pl.col("step_mode").cast(pl.String).first().alias("mode"),
                                  pl.col("tokens").cast(pl.Int64).first().alias("tokens"))
-            .select("ts", "dur", "mode", "tokens").sort("ts"))
+            .select("ts", "dur", "mode", "tokens", (pl.col(key).cast(pl.Int64) if ids else pl.lit(None, pl.Int64)).alias("fwd"))
+            .sort("ts"))
+
+
+def _nearest(x: np.ndarray, anchors: np.ndarray) -> np.ndarray:
+    """Distance of each ``x`` to its nearest anchor (``anchors`` non-empty), without an x × anchors matrix."""
+    a = np.sort(anchors)
+    i = np.clip(np.searchsorted(a, x), 1, a.size - 1) if a.size > 1 else np.zeros(x.size, np.int64)
+    d: np.ndarray = np.abs(x - a[i])
+    if a.size > 1:
+        d = np.minimum(d, np.abs(x - a[i - 1]))
+    return d
+
+
+def consecutive_periods(jobs: pl.DataFrame, ts: str, fwd: str, ok: pl.Expr) -> pl.DataFrame:
+    """``ts`` and ``period`` (to the next row's ``ts``) of the rows of ``jobs`` (one per job step, in step order) whose
+    next row is the next forward (``fwd`` + 1) and where ``ok`` holds for both: the program's step period."""
+    j = jobs.with_columns(ok.alias("_ok"))
+    j = j.with_columns((pl.col(ts).shift(-1) - pl.col(ts)).alias("period"), (pl.col(fwd).shift(-1) - pl.col(fwd)).alias("_d"),
+                       pl.col("_ok").shift(-1).alias("_ok1"))
+    keep = pl.col("_ok") & pl.col("_ok1").fill_null(False) & (pl.col("_d") == 1) & (pl.col("period") > 0)
+    return j.filter(keep).select(pl.col(ts).alias("ts"), "period")
 
 
 def _job_profiled(df: pl.DataFrame) -> pl.DataFrame:
@@ -156,7 +182,7 @@ def matched_timing(df: pl.DataFrame, ref: pl.DataFrame, *, k: int = MATCH_K,
         if anchors.size:
             pos = np.searchsorted(order_ts, ts)
             apos = np.searchsorted(order_ts, anchors)
-            dist = np.abs(pos[:, None] - apos[None, :]).min(axis=1)
+            dist = _nearest(pos, apos)
             idx = np.argsort(dist, kind="stable")[:k]
             if (dist[idx] <= radius).any():
                 idx = idx[dist[idx] <= radius]
@@ -199,27 +225,16 @@ def matched_period(df: pl.DataFrame, mode: str | None, tokens: float | None, *, 
     the range measures only the host's launching; the period, to the next step's start, also holds the GPU work the
     loop waited for. It is what :func:`tracekit.replay.api.replay` fits the GPU-side gaps to when a step is GPU-bound.
     """
-    st = df.filter((pl.col("kind").cast(pl.String) == "step") & (pl.col("profiled") == False))  # noqa: E712
-    if "src" in st.columns:
-        own = st.filter(pl.col("src").cast(pl.String) == "tracekit.step")
-        if own.height:
-            st = own
-    if st.height < 5 or st.get_column("step_id").null_count():
+    job = _job_unprofiled(df)
+    if job.height < 5 or job.get_column("fwd").null_count():
         return None
-    job = (st.group_by("step_id").agg(pl.col("ts_ns").min().alias("ts"), pl.col("step_mode").cast(pl.String).first()
-                                      .alias("mode"), pl.col("tokens").cast(pl.Int64).first().alias("tokens"))
-           .sort("step_id"))
     same = pl.col("mode").eq_missing(mode) & pl.col("tokens").eq_missing(None if tokens is None else int(tokens))
-    job = job.with_columns(same.alias("_s"), (pl.col("ts").shift(-1) - pl.col("ts")).alias("period"),
-                           (pl.col("step_id").shift(-1) - pl.col("step_id")).alias("_d"),
-                           same.shift(-1).alias("_s1"))
-    pairs = job.filter(pl.col("_s") & pl.col("_s1").fill_null(False) & (pl.col("_d") == 1) & (pl.col("period") > 0))
+    pairs = consecutive_periods(job.sort("fwd"), "ts", "fwd", same)
     if pairs.height < 4:
         return None
     anchors = _job_profiled(df).get_column("ts").to_numpy()
-    ts = pairs.get_column("ts").to_numpy()
     per = pairs.get_column("period").to_numpy().astype(float)
     if anchors.size:
-        dist = np.abs(ts[:, None] - anchors[None, :]).min(axis=1)
+        dist = _nearest(pairs.get_column("ts").to_numpy(), anchors)
         per = per[np.argsort(dist, kind="stable")[:2 * k]]
     return p50(per)

@@ -7,7 +7,7 @@ trace has one, then replay every what-if with that scale. Pure: no IO, no printi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Sequence
 
 import numpy as np
@@ -15,6 +15,7 @@ import polars as pl
 
 from tracekit._errors import Quality, QualityLog, UsageError
 from tracekit.analysis.steptime import p50, primary_shape
+from tracekit.analysis.unprofiled import consecutive_periods
 from tracekit.replay.calibrate import (
     UnprofiledTiming,
     fit_gap_scale,
@@ -175,7 +176,9 @@ class Replayer:
         self.sched: Schedule = make_schedule(self.g)
         # the steps that count and their job steps, by the one definition (tracekit.analysis.steptime): a rank's
         # profiled steps with GPU work, the n-th of every rank one job step
-        obs = step_times(self.g, None)
+        #: the observed step table (:func:`step_times` at the trace's own times)
+        self.obs_steps: pl.DataFrame = step_times(self.g, None)
+        obs = self.obs_steps
         sh = self.g.steps.select("rank", "step_ord", "obs_ts", pl.col("step_mode").alias("mode"), "tokens")
         counted = obs.filter(pl.col("gpu_ops") > 0).select("rank", "step_ord").join(sh, on=["rank", "step_ord"])
         #: (rank, step_ord) -> job, with the job's mode and tokens
@@ -214,10 +217,7 @@ class Replayer:
         prim = pl.col("job_mode").eq_missing(self.mode) & pl.col("job_tokens").eq_missing(self.tokens)
         j = (j.group_by("job").agg(pl.col("host_start").min(), pl.col("step_id").min(), prim.all().alias("_p"))
              .sort("job"))
-        j = j.with_columns((pl.col("host_start").shift(-1) - pl.col("host_start")).alias("period"),
-                           (pl.col("step_id").shift(-1) - pl.col("step_id")).alias("_d"), pl.col("_p").shift(-1).alias("_p1"))
-        ok = pl.col("_p") & pl.col("_p1").fill_null(False) & (pl.col("_d") == 1)
-        return j.filter(ok).get_column("period").to_numpy().astype(float)
+        return consecutive_periods(j, "host_start", "step_id", pl.col("_p")).get_column("period").to_numpy().astype(float)
 
     def primary(self, st: pl.DataFrame) -> pl.DataFrame:
         """The counted steps of the primary shape (mode, tokens) in a step table."""
@@ -242,7 +242,12 @@ class Replayer:
 
     def observed_series(self) -> np.ndarray:
         """The primary shape's job step times as observed: analyze's step time (``steps.step_time``)."""
-        return self._jobs_of(step_times(self.g, None), primary=True).get_column("dur_ns").to_numpy().astype(float)
+        return self._jobs_of(self.obs_steps, primary=True).get_column("dur_ns").to_numpy().astype(float)
+
+    def range_short_of_step(self) -> bool:
+        """The observed steps' host range (p50) ends well before their step time: the program's range closes before
+        the step's GPU work ends (GPU-bound, or synced after the range), so a range cannot time the whole step."""
+        return p50(self.observed_series()) > 1.01 * p50(self.host_series(self.obs_steps))
 
     def ref_steps(self) -> pl.DataFrame:
         """One row per replayed job step of the primary mode (``mode``, ``tokens``): what unprofiled timings are
@@ -318,13 +323,10 @@ def _fit_gpu_gaps(rp: Replayer, df: pl.DataFrame, base_in: SimInputs, calibrated
     cannot time it), the scale on the GPU's gaps between queued ops that makes the replayed step period equal the
     program clock's unprofiled period (:func:`tracekit.analysis.unprofiled.matched_period`); None where it does not
     apply (uncalibrated, host-bound, or no consecutive unprofiled steps of the primary shape)."""
-    if not calibrated:
-        return base_in, None
-    obs = step_times(rp.g, None)
-    if not p50(rp._jobs_of(obs, primary=True).get_column("dur_ns").to_numpy().astype(float)) > 1.01 * p50(rp.host_series(obs)):
+    if not calibrated or not rp.range_short_of_step():
         return base_in, None
     target = matched_period(df, rp.mode, rp.tokens)
-    if target is None or rp.period_series(obs).size < 2:
+    if target is None or rp.period_series(rp.obs_steps).size < 2:
         return base_in, None
 
     def period_at(s: float) -> float:
@@ -339,10 +341,12 @@ def _fit_gpu_gaps(rp: Replayer, df: pl.DataFrame, base_in: SimInputs, calibrated
     return with_gpu_gap_scale(rp.g, base_in, scale), scale
 
 
-def _baseline(rp: Replayer, unp: UnprofiledTiming | None, base_in: SimInputs, cp_steps: int) -> tuple[Baseline, Any]:
-    """The :class:`Baseline` and (its step table, simulation result)."""
+def _baseline(rp: Replayer, unp: UnprofiledTiming | None, base_in: SimInputs, cp_steps: int,
+              scales: tuple[float | None, float | None] = (None, None)) -> tuple[Baseline, Any]:
+    """The :class:`Baseline` and (its step table, simulation result); ``scales``: the calls' and the GPU gaps' fitted
+    scales (None where not fitted)."""
     g = rp.g
-    obs_st = step_times(g, None)
+    obs_st = rp.obs_steps
     obs_p50, obs_mean = _stats(rp._jobs_of(obs_st, primary=True).get_column("dur_ns").to_numpy().astype(float))
     host_obs = p50(rp.host_series(obs_st))
     self_x, _st, _res = rp.step_series(inputs_from_graph(g, 1.0))
@@ -351,7 +355,7 @@ def _baseline(rp: Replayer, unp: UnprofiledTiming | None, base_in: SimInputs, cp
     b_p50, b_mean = _stats(bx)
     b_host = p50(rp.host_series(bst))
     # the unprofiled records measure the step's range: its whole time only when the range holds the step's GPU work
-    host_only = unp is not None and obs_p50 > 1.01 * host_obs
+    host_only = unp is not None and rp.range_short_of_step()
     tok = rp.tokens or (unp.tokens_p50 if unp else None)
     base = Baseline(
         step_ns_p50=b_p50, step_ns_mean=b_mean,
@@ -366,6 +370,7 @@ def _baseline(rp: Replayer, unp: UnprofiledTiming | None, base_in: SimInputs, cp
         tokens_per_s=(tok / b_p50 * 1e9) if tok and b_p50 else None,
         critical_path_ns=critical_path_breakdown(g, bres, rp.primary(bst), cp_steps),
         n_steps=int(bx.size), by_shape=rp.by_shape(bst), step_mode=rp.mode, step_tokens=rp.tokens,
+        host_call_scale=scales[0], gpu_gap_scale=scales[1],
     )
     return base, (bst, bres)
 
@@ -432,8 +437,7 @@ def replay(
     scale, calibrated = _fit(rp, unp, calibrate, gap_scale, q)
     base_in, call_scale = _fit_host_calls(rp, unp, inputs_from_graph(rp.g, scale), scale, calibrated, q)
     base_in, gpu_scale = _fit_gpu_gaps(rp, df, base_in, calibrated, q)
-    baseline, _bsim = _baseline(rp, unp, base_in, critical_path_steps)
-    baseline = replace(baseline, host_call_scale=call_scale, gpu_gap_scale=gpu_scale)
+    baseline, _bsim = _baseline(rp, unp, base_in, critical_path_steps, (call_scale, gpu_scale))
     tgt = measure(durations_from, ref) if isinstance(durations_from, pl.DataFrame) else None
     noise = unp.noise if unp else None
     preds = [_predict(rp, w, base_in, baseline, noise, tgt, critical_path_steps)
