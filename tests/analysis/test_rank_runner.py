@@ -44,7 +44,8 @@ class _TaskRunner:
         lf = source.lazy()
         present = sorted(int(r) for r in lf.select(pl.col("rank").unique()).collect()["rank"].to_list())
         got = {r: _wire(rank_overview(lf, r)) for r in reversed(present)}
-        ov = overview_of(pl.concat([got[r][0] for r in present]), pl.concat([got[r][1] for r in present]))
+        ov = overview_of(pl.concat([got[r][0] for r in present]), pl.concat([got[r][1] for r in present]),
+                         pl.concat([got[r][2] for r in present]))
         if not profiler_windows or len(profiler_windows) < 2:
             return ov, None
         rows = [_wire(span_bounds(lf.filter(pl.col("rank") == r), profiler_windows, cpu_ranks=[r] if r in ov.cpu_ranks else []))

@@ -391,3 +391,7 @@ def next_win_stage(run: FinishedRun) -> StageOutput:
     del df, inst
     s = next_win_finding(nw)
     return StageOutput({"next_win": nw}, [Finding("next_win", s, 1e15)] if s else [])
+
+
+#: the finished sections :func:`next_win_stage` reads (:func:`candidates`): a cluster ships only these to its task
+next_win_stage.sections_read = ("moe_gemm", "interconnect")  # type: ignore[attr-defined]

@@ -357,7 +357,7 @@ def step_candidates(summary: pl.DataFrame, steps: pl.DataFrame, headline: StepTi
             found.append(Finding("steps", f"{row['mode'] or 'Steps'}{bs}: step time p50 {_ms(p50)}{host}, {spread}"
                                           f"over {n} step(s).", 0.5, samples=n))
     if steps.height:
-        n_no = steps.filter(pl.col("no_gpu")).height
+        n_no = int(steps.get_column("no_gpu").sum())
         if n_no:
             found.append(Finding("steps_without_gpu", f"{n_no} profiled step(s) have no GPU events attributed.", 0.4))
     return found

@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-__all__ = ["StepTime", "gpu_part_expr", "job_steps", "p50", "prev_gpu_end", "primary_shape", "quantile", "step_ns_expr",
-           "step_time"]
+__all__ = ["StepTime", "gpu_part_expr", "job_steps", "p50", "prev_gpu_end", "primary_shape", "quantile", "step_ns_expr", "step_time",
+           "step_time_of_job"]
 
 
 def step_ns_expr(host_ns: pl.Expr, gpu_part_ns: pl.Expr) -> pl.Expr:
@@ -93,9 +93,10 @@ def job_steps(steps: pl.DataFrame) -> pl.DataFrame:
     def col(name: str, dtype: type[pl.DataType]) -> pl.Expr:
         return (pl.col(name).cast(dtype) if name in steps.columns else pl.lit(None, dtype)).alias(name)
 
-    st = steps.with_columns(col("mode", pl.String), col("tokens", pl.Int64), col("step_id", pl.Int64),
-                            col("batch_size", pl.Int64), col("dur_ns", pl.Int64), col("gpu_span_ns", pl.Int64),
-                            ).sort(["rank", "start_ns"]).with_columns(pl.int_range(pl.len()).over("rank").cast(pl.Int64).alias("job"))
+    # only the columns read here: a step table of many ranks is not copied whole
+    st = steps.select("rank", "start_ns", "step_ns", col("mode", pl.String), col("tokens", pl.Int64), col("step_id", pl.Int64),
+                      col("batch_size", pl.Int64), col("dur_ns", pl.Int64), col("gpu_span_ns", pl.Int64),
+                      ).sort(["rank", "start_ns"]).with_columns(pl.int_range(pl.len()).over("rank").cast(pl.Int64).alias("job"))
     return (st.group_by("job").agg(pl.col("mode").drop_nulls().first(), pl.col("tokens").max(),
                                    pl.col("step_ns").max(), pl.col("start_ns").min(), pl.col("rank").n_unique().alias("ranks"),
                                    pl.col("step_id").min(), pl.col("batch_size").max(), pl.col("dur_ns").max(),
@@ -139,7 +140,11 @@ class StepTime:
 
 def step_time(steps: pl.DataFrame) -> StepTime | None:
     """The headline of the counted steps (``rank, start_ns, step_ns, mode, tokens``: see :func:`job_steps`)."""
-    job = job_steps(steps)
+    return step_time_of_job(job_steps(steps))
+
+
+def step_time_of_job(job: pl.DataFrame) -> StepTime | None:
+    """:func:`step_time` from the job steps themselves (:func:`job_steps` of the counted steps)."""
     if job.height == 0:
         return None
     mode, tokens = primary_shape(job)

@@ -35,7 +35,8 @@ from tracekit import _env, _interrupt
 from tracekit._errors import RankError, TracekitError, UsageError
 from tracekit.analysis.plan import CrossRankPlan
 from tracekit.analysis.result import AnalysisResult
-from tracekit.analysis.stage.pipeline import AfterFinish, FinishedRun, RankPart, ScanSource, StageOutput, analyze_rank, unreadable
+from tracekit.analysis.stage.pipeline import (AfterFinish, FinishedRun, RankPart, ScanSource, StageOutput, analyze_rank, sections_for,
+                                              unreadable)
 from tracekit.core.window import Overview, Window, combine_bounds, overview_of, rank_overview, span_bounds
 from tracekit.schema import trace_ranks
 from tracekit.trace_check import first_line
@@ -78,14 +79,14 @@ def _maybe_die(rank: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _overview_task(path: str, ranks: Sequence[int] | None, rank: int,
-                   windows: list[list[int]] | None) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame | None]:
-    """Task: one rank's aggregate row, small rows and (windowed capture) profiler-window bounds; a read that
-    fails is a :class:`~tracekit._errors.RankError` naming the rank and its file."""
+def _overview_task(path: str, ranks: Sequence[int] | None, rank: int, windows: list[list[int]] | None
+                   ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame | None]:
+    """Task: one rank's aggregate row, small rows, step rows and (windowed capture) profiler-window bounds; a read
+    that fails is a :class:`~tracekit._errors.RankError` naming the rank and its file."""
     _maybe_die(rank)
     lf = _source(path, [rank]).lazy()
     try:
-        agg, small = rank_overview(lf, rank)
+        agg, small, steps = rank_overview(lf, rank)
         bounds = None
         if windows and len(windows) >= 2:
             cpu = bool(agg["has_cpu_dev"][0]) and not bool(agg["has_gpu"][0])
@@ -94,7 +95,7 @@ def _overview_task(path: str, ranks: Sequence[int] | None, rank: int,
         raise
     except Exception as e:  # noqa: BLE001 - a damaged partition or row group
         raise unreadable(path, e, rank) from None
-    return agg, small, bounds
+    return agg, small, steps, bounds
 
 
 def _rank_task(path: str, ranks: Sequence[int] | None, rank: int, win: Window, plan: CrossRankPlan | None,
@@ -113,11 +114,12 @@ def _after_task(stage: AfterFinish, path: str, ranks: Sequence[int] | None, ov: 
     return stage(FinishedRun(_source(path, ranks), ov, meta, sections, plan))
 
 
-def _slim(plan: CrossRankPlan) -> CrossRankPlan:
+def _slim(plan: CrossRankPlan, *, view: bool = False) -> CrossRankPlan:
     """What every worker needs of the plan: all but the per-rank tables (sent with each rank's task) and the
-    finish-only summaries."""
+    finish-only summaries; ``view``: with the matched instances' view (the stages after the finish read it)."""
     empty = pl.DataFrame()
-    return dataclasses.replace(plan, inst=plan.inst.clear(), waits=plan.waits.clear(), groups=empty, per_rank=empty, view=None)
+    return dataclasses.replace(plan, inst=plan.inst.clear(), waits=plan.waits.clear(), groups=empty, per_rank=empty,
+                               view=plan.view if view else None)
 
 
 class ClusterRunner:
@@ -160,9 +162,10 @@ class ClusterRunner:
         futs = [self.client.submit(_overview_task, self.path, self.ranks, r, profiler_windows, pure=False, key=f"tk-overview-{r}-{_tag()}")
                 for r in present]
         got = self._gather(futs, present)
-        agg = pl.concat([a for a, _, _ in got]) if got else source.lazy().group_by("rank").agg(pl.len().alias("rows")).collect()
-        ov = overview_of(agg, pl.concat([s for _, s, _ in got]) if got else pl.DataFrame())
-        bounds = [b for _, _, b in got if b is not None]
+        agg = pl.concat([a for a, _, _, _ in got]) if got else source.lazy().group_by("rank").agg(pl.len().alias("rows")).collect()
+        ov = overview_of(agg, pl.concat([s for _, s, _, _ in got]) if got else pl.DataFrame(),
+                         pl.concat([s for _, _, s, _ in got]) if got else pl.DataFrame())
+        bounds = [b for _, _, _, b in got if b is not None]
         return ov, combine_bounds(bounds) if bounds else None
 
     def map(self, source: Any, ranks: list[int], win: Window, plan: CrossRankPlan | None, split: bool) -> Iterator[RankPart]:
@@ -178,8 +181,10 @@ class ClusterRunner:
         yield from self._gather(futs, ranks)
 
     def after(self, stage: AfterFinish, run: FinishedRun) -> StageOutput:
-        fut = self.client.submit(_after_task, stage, self.path, self.ranks, run.overview, run.meta, dict(run.sections), run.plan,
-                                 pure=False, key=f"tk-after-{_tag()}")
+        # scattered, not in the task: the sections and the instances' view of many ranks are megabytes (a task
+        # graph that large draws a warning from Dask and is held by the scheduler)
+        args = self.client.scatter([run.overview, run.meta, sections_for(stage, run.sections), _slim(run.plan, view=True)])  # type: ignore[no-untyped-call]
+        fut = self.client.submit(_after_task, stage, self.path, self.ranks, *args, pure=False, key=f"tk-after-{_tag()}")
         out: StageOutput = self._gather([fut], [-1])[0]
         return out
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import polars as pl
 
@@ -19,7 +19,7 @@ from tracekit._errors import QualityLog, UsageError
 from tracekit.core._num import as_int
 
 __all__ = ["Window", "select_window", "observed_spans", "transient_end_ns", "gpu_ops", "device_ops", "device_op_expr",
-           "cpu_device_expr", "cpu_mode_ranks", "parse_time_range", "Overview", "trace_overview", "rank_overview", "overview_of", "span_bounds", "combine_bounds", "small_rows_expr", "SMALL_COLUMNS"]
+           "cpu_device_expr", "cpu_mode_ranks", "parse_time_range", "Overview", "trace_overview", "rank_overview", "overview_of", "span_bounds", "combine_bounds", "small_rows_expr", "SMALL_COLUMNS", "STEP_COLUMNS"]
 
 GPU = ["kernel", "memcpy", "memset"]
 #: row kinds that stand in for device work on a rank without GPU ops (docs/cpu_mode.md)
@@ -70,6 +70,9 @@ SMALL_COLUMNS = [
     "rank", "kind", "ts_ns", "dur_ns", "stream", "name", "category", "family", "launch_ts_ns", "coll_name", "coll_in_nelems",
     "coll_out_nelems", "coll_dtype", "coll_group_size", "pg_name", "pg_ranks", "coll_seq", "step_id", "step_mode", "profiled",
 ]
+#: columns of the overview's step rows (:attr:`Overview.steps`): what the cross-rank plan (stall step lookups) and
+#: ``--skip-steps`` read
+STEP_COLUMNS = ["rank", "kind", "ts_ns", "dur_ns", "launch_ts_ns", "step_id", "profiled"]
 #: ``family`` prefixes of collectives (same as ``collectives._COMM_FAMILY``, ``^(allreduce|collective)\.``)
 COMM_FAMILY_PREFIXES = ("allreduce.", "collective.")
 
@@ -101,17 +104,25 @@ class Overview:
 
     ``ranks``: one row per rank present (any row): ``rank, rows, min_ts, has_gpu, has_cpu_dev, lo, hi``
     where ``lo``/``hi`` are the extent of the rank's device ops (null without any);
-    ``small``: rows of :func:`small_rows_expr` (:data:`SMALL_COLUMNS`), in file order;
-    ``cpu_ranks``: ranks in CPU mode (:func:`cpu_mode_ranks`).
+    ``small``: the collective candidates of :func:`small_rows_expr` (:data:`SMALL_COLUMNS`), in file order;
+    ``cpu_ranks``: ranks in CPU mode (:func:`cpu_mode_ranks`);
+    ``steps``: the step rows, in file order, with the :data:`STEP_COLUMNS` read across ranks (a trace of many
+    ranks has far more step rows than collectives, and a step row needs 7 of the 20 columns).
     """
 
     ranks: pl.DataFrame
     small: pl.DataFrame
     cpu_ranks: list[int]
+    steps: pl.DataFrame = field(default_factory=pl.DataFrame)
 
     def take_small(self) -> pl.DataFrame:
         """The small rows, handed over: the overview keeps none (so the taker can free them)."""
         rows, self.small = self.small, pl.DataFrame()
+        return rows
+
+    def take_steps(self) -> pl.DataFrame:
+        """The step rows, handed over (as :meth:`take_small`)."""
+        rows, self.steps = self.steps, pl.DataFrame()
         return rows
 
     @property
@@ -137,27 +148,35 @@ def _rank_aggs() -> list[pl.Expr]:
 
 
 def _small_query(lf: pl.LazyFrame, schema: pl.Schema) -> pl.LazyFrame:
-    return lf.filter(small_rows_expr(schema)).select([c for c in SMALL_COLUMNS if c in schema])
+    return lf.filter(small_rows_expr(schema) & (pl.col("kind") != "step")).select([c for c in SMALL_COLUMNS if c in schema])
 
 
-def rank_overview(lf: pl.LazyFrame, rank: int, *, small: bool = True) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """One rank's part of :func:`trace_overview` (``lf``: the whole scan, filtered here): its aggregate row and its
-    small rows. :func:`overview_of` of every rank's parts, in rank order, is ``trace_overview(lf, by_rank=True)``."""
+def _step_query(lf: pl.LazyFrame, schema: pl.Schema) -> pl.LazyFrame:
+    return lf.filter(pl.col("kind") == "step").select([c for c in STEP_COLUMNS if c in schema])
+
+
+def rank_overview(lf: pl.LazyFrame, rank: int, *, small: bool = True) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """One rank's part of :func:`trace_overview` (``lf``: the whole scan, filtered here): its aggregate row, its
+    small rows and its step rows. :func:`overview_of` of every rank's parts, in rank order, is
+    ``trace_overview(lf, by_rank=True)``."""
     schema = lf.collect_schema()
     one = lf.filter(pl.col("rank") == rank)
     agg = one.select(pl.lit(rank, dtype=schema["rank"]).alias("rank"), *_rank_aggs()).collect()
-    return agg, (_small_query(one, schema).collect() if small else pl.DataFrame())
+    if not small:
+        return agg, pl.DataFrame(), pl.DataFrame()
+    rows, steps = pl.collect_all([_small_query(one, schema), _step_query(one, schema)])
+    return agg, rows, steps
 
 
-def overview_of(agg: pl.DataFrame, rows: pl.DataFrame) -> Overview:
-    """The :class:`Overview` from the per-rank aggregate rows and the small rows."""
+def overview_of(agg: pl.DataFrame, rows: pl.DataFrame, steps: pl.DataFrame | None = None) -> Overview:
+    """The :class:`Overview` from the per-rank aggregate rows, the small rows and the step rows."""
     cpu_mode = pl.col("has_cpu_dev") & ~pl.col("has_gpu")
     ranks = agg.with_columns(
         pl.when(pl.col("has_gpu")).then(pl.col("_glo")).when(cpu_mode).then(pl.col("_clo")).alias("lo"),
         pl.when(pl.col("has_gpu")).then(pl.col("_ghi")).when(cpu_mode).then(pl.col("_chi")).alias("hi"),
     ).drop(["_glo", "_ghi", "_clo", "_chi"]).sort("rank")
     cpu_ranks = sorted(int(r) for r in ranks.filter(cpu_mode)["rank"].to_list())
-    return Overview(ranks, rows, cpu_ranks)
+    return Overview(ranks, rows, cpu_ranks, steps if steps is not None else pl.DataFrame())
 
 
 def trace_overview(df: pl.DataFrame | pl.LazyFrame, *, small: bool = True, by_rank: bool = False) -> Overview:
@@ -170,18 +189,20 @@ def trace_overview(df: pl.DataFrame | pl.LazyFrame, *, small: bool = True, by_ra
     lf = df.lazy()
     aggs = _rank_aggs()
     schema = lf.collect_schema()
-    rows = pl.DataFrame()
+    rows = steps = pl.DataFrame()
     if by_rank:
         present = sorted(int(r) for r in lf.select(pl.col("rank").unique()).collect(engine="streaming")["rank"].to_list())
         parts = [rank_overview(lf, r, small=small) for r in present]
-        agg = pl.concat([a for a, _ in parts]) if parts else lf.group_by("rank").agg(aggs).collect()
-        if small:
-            rows = pl.concat([x for _, x in parts]) if parts else _small_query(lf, schema).collect()
+        agg = pl.concat([a for a, _, _ in parts]) if parts else lf.group_by("rank").agg(aggs).collect()
+        if small and parts:
+            rows, steps = pl.concat([x for _, x, _ in parts]), pl.concat([x for _, _, x in parts])
+        elif small:
+            rows, steps = pl.collect_all([_small_query(lf, schema), _step_query(lf, schema)])
     else:
         agg = lf.group_by("rank").agg(aggs).collect()
         if small:
-            rows = _small_query(lf, schema).collect()
-    return overview_of(agg, rows)
+            rows, steps = pl.collect_all([_small_query(lf, schema), _step_query(lf, schema)])
+    return overview_of(agg, rows, steps)
 
 
 @dataclass(frozen=True)
@@ -360,7 +381,7 @@ def _select(
     lo = lo0
     hi = as_int(ext["hi"].max())
     if skip_steps:
-        steps = ov.small.lazy().filter((pl.col("kind") == "step") & pl.col("profiled").fill_null(True)).select(
+        steps = ov.steps.lazy().filter(pl.col("profiled").fill_null(True)).select(
             "step_id", "ts_ns").collect().sort("ts_ns", maintain_order=True)
         starts = steps.group_by("step_id").agg(pl.col("ts_ns").min()).sort("step_id") if steps.height else steps
         if starts.height <= skip_steps:

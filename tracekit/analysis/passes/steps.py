@@ -32,7 +32,7 @@ from tracekit.core import intervals as iv
 from tracekit.analysis.findings import step_candidates
 from tracekit.analysis.passes.gaps import gpu_ops
 from tracekit.analysis.registry import Analysis, FinishContext, Finished, register
-from tracekit.analysis.steptime import StepTime, gpu_part_expr, job_steps, prev_gpu_end, step_ns_expr, step_time
+from tracekit.analysis.steptime import StepTime, gpu_part_expr, job_steps, prev_gpu_end, step_ns_expr, step_time_of_job
 from tracekit.analysis.unprofiled import matched_timing
 from tracekit.schema import CATEGORIES
 
@@ -49,17 +49,26 @@ class StepStats:
     quality: list[Quality] = field(default_factory=list)
     step_time: StepTime | None = None
     unprofiled: dict[str, Any] | None = None
+    #: distinct (rank, step_id) pairs (computed per part by :func:`step_finish`: one hash table of all ranks' steps
+    #: costs ~30-50 MB at 512 ranks); None: counted here
+    count: int | None = None
 
     def to_json(self, max_steps: int = 200) -> dict[str, Any]:
         return {
-            "count": self.steps.select(pl.struct("rank", "step_id").n_unique()).item() if self.steps.height else 0,
+            "count": self.count if self.count is not None else _pairs(self.steps),
             "step_time": self.step_time.to_json() if self.step_time is not None else None,
             "unprofiled": self.unprofiled,
             "summary": self.summary.to_dicts(),
             "steps": self.steps.head(max_steps).to_dicts(),
-            "without_gpu": int(self.steps.filter(pl.col("no_gpu"))["step_id"].n_unique()) if self.steps.height else 0,
+            "without_gpu": int(self.steps.lazy().filter(pl.col("no_gpu")).select(pl.col("step_id").n_unique()).collect().item())
+            if self.steps.height else 0,
             "quality": [q.to_json() for q in self.quality],
         }
+
+
+def _pairs(steps: pl.DataFrame) -> int:
+    """Distinct (rank, step_id) pairs of a step table."""
+    return int(steps.lazy().select("rank", "step_id").unique().select(pl.len()).collect().item()) if steps.height else 0
 
 
 def comm_wait_by_step(instances: pl.DataFrame | None) -> pl.DataFrame | None:
@@ -138,14 +147,35 @@ def step_finish(parts: list[StepPart]) -> StepStats:
         return StepStats(pl.DataFrame(), pl.DataFrame(), list(q))
     if by_time:
         q.add("step_by_time", "GPU ops carry no step_id; assigned to steps by launch time", severity="info")
-    out = pl.concat(tables, how="vertical_relaxed").sort(["rank", "start_ns"], maintain_order=True)
-    n_no = out.filter(pl.col("no_gpu")).height
+    out = pl.concat(tables, how="vertical_relaxed")
+    if not _rank_time_ordered(out):  # parts come in rank order, each sorted: no copy of an ordered table
+        out = out.sort(["rank", "start_ns"], maintain_order=True)
+    n_no = int(out.get_column("no_gpu").sum())
     if n_no:
         q.add("steps_without_gpu", f"{n_no} profiled step(s) have no GPU op attributed (graph replay without attribution, "
               "or the profiler window cut them)", count=n_no)
-    counted = counted_steps(out)
-    st = step_time(counted)
-    return StepStats(out, _summary(job_steps(counted)), list(q), st, _unprofiled(out, st))
+    # the columns the job steps read (narrow first: the step table of many ranks is not copied whole)
+    job = job_steps(counted_steps(out.select([c for c in _JOB_COLUMNS if c in out.columns])))
+    st = step_time_of_job(job)
+    # the parts hold disjoint ranks (one rank each, or one whole frame)
+    return StepStats(out, _summary(job), list(q), st, _unprofiled(out, st, job), sum(_pairs(t) for t in tables))
+
+
+#: the step-table columns :func:`counted_steps` and :func:`~tracekit.analysis.steptime.job_steps` read
+_JOB_COLUMNS = ("rank", "start_ns", "step_ns", "mode", "tokens", "step_id", "batch_size", "dur_ns", "gpu_span_ns", "profiled",
+                "gpu_ops")
+
+
+def _rank_time_ordered(df: pl.DataFrame) -> bool:
+    """Whether ``df`` is already ordered by ``rank``, then ``start_ns`` (nulls first, as the sort puts them)."""
+    if df.height < 2:
+        return True
+    r, t = pl.col("rank"), pl.col("start_ns")
+    dr, dt = r.diff().slice(1), t.diff().slice(1)
+    ok = df.select(
+        r.null_count().eq(0) & t.null_count().eq(0) & ((dr > 0) | ((dr == 0) & (dt >= 0))).all()
+    ).item()
+    return bool(ok)
 
 
 def _summary(job: pl.DataFrame) -> pl.DataFrame:
@@ -173,19 +203,19 @@ def _summary(job: pl.DataFrame) -> pl.DataFrame:
 def counted_steps(steps: pl.DataFrame) -> pl.DataFrame:
     """The rows that count for the step time (:mod:`tracekit.analysis.steptime`): profiled steps with GPU work; on
     a trace without any GPU op (CPU mode), every profiled step."""
-    prof = steps.filter(pl.col("profiled").fill_null(True))
-    with_gpu = prof.filter(pl.col("gpu_ops") > 0)
-    return with_gpu if with_gpu.height or steps.get_column("gpu_ops").sum() > 0 else prof
+    prof = pl.col("profiled").fill_null(True)
+    if steps.get_column("gpu_ops").sum() > 0 or steps.select((prof & (pl.col("gpu_ops") > 0)).any()).item():
+        return steps.filter(prof & (pl.col("gpu_ops") > 0))
+    return steps.filter(prof)
 
 
-def _unprofiled(steps: pl.DataFrame, st: StepTime | None) -> dict[str, Any] | None:
+def _unprofiled(steps: pl.DataFrame, st: StepTime | None, job: pl.DataFrame) -> dict[str, Any] | None:
     """The program clock's unprofiled step time of the primary shape (:func:`tracekit.analysis.unprofiled.matched_timing`,
     the number replay calibrates to): p50, noise, count, tokens/s; None without unprofiled records of that mode."""
-    if st is None or steps.filter(pl.col("profiled").eq(False)).height == 0:
+    if st is None or not steps.select(pl.col("profiled").eq(False).any()).item():
         return None
     frame = steps.select(pl.lit("step").alias("kind"), "rank", pl.col("start_ns").alias("ts_ns"), "dur_ns",
                          pl.col("mode").alias("step_mode"), "tokens", "profiled", "step_id")
-    job = job_steps(counted_steps(steps))
     t = matched_timing(frame, job.filter(pl.col("mode").eq_missing(st.mode)).select("mode", "tokens"))
     if t is None:
         return None

@@ -86,12 +86,13 @@ def cross_rank_plan(
     *,
     ranks: list[int] | None = None,
     cpu_ranks: list[int] | None = None,
+    steps: pl.DataFrame | None = None,
 ) -> CrossRankPlan:
     """Collective matching, clock offsets, instance window, communication split and the stall plan.
 
-    ``small``: the trace's collective and step rows (:attr:`tracekit.core.window.Overview.small`,
-    or a whole frame); ``ranks``/``cpu_ranks``: of the whole trace (default: from ``small``).
-    ``opts`` as for :func:`cross_rank_sections`.
+    ``small``: the trace's collective and step rows (a whole frame), or its collective candidates alone
+    (:attr:`tracekit.core.window.Overview.small`) with its step rows as ``steps`` (:attr:`~tracekit.core.window.Overview.steps`);
+    ``ranks``/``cpu_ranks``: of the whole trace (default: from ``small``). ``opts`` as for :func:`cross_rank_sections`.
     """
     opts = dict(opts or {})
     options = {a.name: resolve_options(a, opts.get("options")) for a in analyses()}  # an unknown option fails here, first
@@ -103,8 +104,13 @@ def cross_rank_plan(
         ranks = sorted(int(r) for r in small.get_column("rank").unique().to_list())
     if cpu_ranks is None:
         cpu_ranks = cpu_mode_ranks(small)
-    coll = collective_ops(small, cpu_ranks=cpu_ranks)
-    step_rows = small.filter(pl.col("kind") == "step")
+    # split first, each kind with the columns read here: the step rows of many ranks are most of the small rows,
+    # and they need 6 of its 20 columns
+    is_step = (pl.col("kind") == "step").fill_null(False)
+    rows = steps if steps is not None else small
+    step_rows = rows.lazy().filter(is_step).select([c for c in _STEP_KEEP if c in rows.columns]).collect() if rows.width else rows
+    del steps, rows
+    coll = collective_ops(small.lazy().filter(~is_step).collect(), cpu_ranks=cpu_ranks)
     del small  # the caller may hand its only reference over: the collective and step rows are all that is kept
     inst0 = match_collectives(coll, cpu_ranks=cpu_ranks)
     al = solve_clock_offsets(ranks, inst0, meta)
@@ -147,6 +153,9 @@ def _options_of(plan: CrossRankPlan, a: Analysis) -> dict[str, Any]:
     """``a``'s resolved options (its defaults when it was registered after ``plan`` was made)."""
     return plan.options.get(a.name, dict(a.options))
 
+
+#: step-row columns the plan reads (stall steps, in the aligned time base)
+_STEP_KEEP = ["kind", "rank", "ts_ns", "dur_ns", "launch_ts_ns", "step_id"]
 
 #: instance columns the per-rank analyses read (idle causes: waiting_on_peer; PCIe: collective phases)
 _INST_KEEP = ["rank", "name", "step_id", "arrival_ns", "end_ns", "wait_ns", "transfer_ns", "late_rank", "bus_bw_bytes_per_s"]

@@ -56,7 +56,7 @@ from tracekit.trace_check import first_line
 from tracekit.core.window import Overview, Window, parse_time_range, select_window, trace_overview
 
 __all__ = ["analysis_columns", "analysis_rows_expr", "FrameSource", "ScanSource", "run_analysis", "ANALYSIS_VERSION",
-           "FinishedRun", "StageOutput", "AfterFinish", "collect_trace", "RankPart", "analyze_rank", "RankRunner", "LocalRunner",
+           "FinishedRun", "StageOutput", "AfterFinish", "sections_for", "collect_trace", "RankPart", "analyze_rank", "RankRunner", "LocalRunner",
            "unreadable", "locate_unreadable"]
 
 #: Version of the analyze JSON object (bumped on incompatible changes): the typed tree's
@@ -240,7 +240,9 @@ def _window_inside(tr: tuple[int, int], spec: str, origin: int, meta: TraceMeta,
 @dataclass(frozen=True)
 class FinishedRun:
     """What a stage after the cross-rank finish reads: the source, its overview, the metadata, the finished
-    sections so far (JSON-ready, by key; ``_candidates``: the findings candidates) and the cross-rank plan."""
+    sections so far (JSON-ready, by key; ``_candidates``: the findings candidates) and the cross-rank plan (on a
+    cluster, without its per-rank tables ``inst``, ``waits``, ``groups`` and ``per_rank``: ``view`` holds the
+    matched instances)."""
 
     source: FrameSource | ScanSource
     overview: Overview
@@ -259,6 +261,14 @@ class StageOutput:
 
 #: a stage after the cross-rank finish (:func:`run_analysis` ``after``)
 AfterFinish = Callable[[FinishedRun], StageOutput]
+#: a stage after the finish may name the sections it reads as a ``sections_read`` attribute (a tuple of keys): a
+#: runner that ships the run elsewhere (a cluster's) then sends only those (see :func:`sections_for`)
+
+
+def sections_for(stage: AfterFinish, sections: Mapping[str, Any]) -> dict[str, Any]:
+    """The finished sections ``stage`` reads: those its ``sections_read`` names, else all of them."""
+    keys = getattr(stage, "sections_read", None)
+    return {k: sections[k] for k in keys if k in sections} if keys is not None else dict(sections)
 
 
 @dataclass
@@ -375,7 +385,7 @@ def run_analysis(
         from tracekit.analysis.stage import crossrank
 
         plan = crossrank.cross_rank_plan(ov.take_small(), meta, {"window": win, "quality": quality}, ranks=ov.all_ranks,
-                                         cpu_ranks=ov.cpu_ranks)
+                                         cpu_ranks=ov.cpu_ranks, steps=ov.take_steps())
     split = plan.split if plan is not None else False
     parts = sorted(runner.map(source, ov.all_ranks, win, plan, split), key=_rank_order)
     bd_parts = [p.breakdown for p in parts]
@@ -384,6 +394,9 @@ def run_analysis(
     del parts
     tables: dict[str, Any] = {}
     extra: dict[str, Any] = crossrank.cross_rank_finish(plan, cr_parts, tables) if plan is not None else {}
+    bd = breakdown_finish(bd_parts, win, split=split)
+    totals = merge_kernel_totals(kt_parts) if kt_parts else None
+    del cr_parts, bd_parts, kt_parts  # reduced: the stages after the finish run without every rank's parts
     if plan is not None:
         for stage in after:
             _interrupt.check("analyze")
@@ -391,8 +404,6 @@ def run_analysis(
             extra.update(out.sections)
             if out.findings:
                 extra.setdefault("_candidates", []).extend(out.findings)
-    bd = breakdown_finish(bd_parts, win, split=split)
-    totals = merge_kernel_totals(kt_parts) if kt_parts else None
     sections, others = _typed(_result(meta, win, bd, totals, top, extra, quality))
     view = plan.view if plan is not None and plan.view is not None else pl.DataFrame()
     offsets = {int(k): int(v) for k, v in plan.align.offsets_ns.items()} if plan is not None and plan.align.applied else {}
