@@ -12,6 +12,7 @@ exception: the capture's ``_boot/sitecustomize.py`` reads ``TRACEKIT_PKG_PARENT`
 | ``POLARS_MAX_THREADS`` | polars (set by ingest._workers) | polars threads of a ``convert --jobs`` worker |
 | ``TRACEKIT_ARROW_DECAY_MS`` | _memory | pyarrow jemalloc decay (ms) |
 | ``_RJEM_MALLOC_CONF`` | polars' jemalloc (set by _memory, from the CLI entry) | allocator decay / arenas |
+| ``TRACEKIT_CLIENT_DEFAULTS`` | cluster.engine (set by _memory for a ``--cluster`` client) | the variables above that hold the client's own defaults, not the user's: a local cluster's workers get theirs |
 | ``TRACEKIT_SGLANG_HOOK`` | capture.sglang_plugin, capture.sglang_autopatch | ``1``: the forward hook is active in SGLang |
 | ``TRACEKIT_STEP_DIR`` | capture.sglang_plugin | where the hook writes step timings |
 | ``TRACEKIT_CAPTURE_DIR`` / ``TRACEKIT_CAPTURE_SPEC`` | capture.program_hook | capture output dir / JSON spec |
@@ -31,7 +32,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["DEBUG", "PARSE_THREADS", "POLARS_MAX_THREADS", "ARROW_DECAY_MS", "JEMALLOC_CONF", "SGLANG_HOOK", "STEP_DIR",
+__all__ = ["DEBUG", "PARSE_THREADS", "POLARS_MAX_THREADS", "ARROW_DECAY_MS", "JEMALLOC_CONF", "CLIENT_DEFAULTS", "SGLANG_HOOK", "STEP_DIR",
            "CAPTURE_DIR", "CAPTURE_SPEC", "PKG_PARENT", "MODULE_CONTEXT", "TEST_SIGINT_AT", "TEST_KILL_RANK", "RANK", "WORLD_SIZE",
            "LOCAL_RANK", "CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "MASTER_ADDR", "PYTHONPATH",
            "CACHE_DIR", "XDG_CACHE_HOME", "cache_dir", "debug", "get", "is_set", "flag", "int_value", "positive_int", "set_default",
@@ -42,6 +43,7 @@ PARSE_THREADS = "TRACEKIT_PARSE_THREADS"
 POLARS_MAX_THREADS = "POLARS_MAX_THREADS"
 ARROW_DECAY_MS = "TRACEKIT_ARROW_DECAY_MS"
 JEMALLOC_CONF = "_RJEM_MALLOC_CONF"
+CLIENT_DEFAULTS = "TRACEKIT_CLIENT_DEFAULTS"
 SGLANG_HOOK = "TRACEKIT_SGLANG_HOOK"
 STEP_DIR = "TRACEKIT_STEP_DIR"
 CAPTURE_DIR = "TRACEKIT_CAPTURE_DIR"

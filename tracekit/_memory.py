@@ -35,7 +35,7 @@ from typing import Any
 
 from tracekit import _env
 
-__all__ = ["configure_env", "tune_runtime", "release_memory"]
+__all__ = ["configure_env", "cluster_client", "user_env", "tune_runtime", "release_memory"]
 
 #: polars' jemalloc: return freed pages within ~100 ms instead of 10 s
 POLARS_JEMALLOC_CONF = "dirty_decay_ms:100,muzzy_decay_ms:0"
@@ -47,6 +47,12 @@ POLARS_JEMALLOC_CONF_ANALYZE = "dirty_decay_ms:1000,muzzy_decay_ms:0"
 ANALYZE_COMMANDS = frozenset({"analyze", "diff", "timeline", "export", "replay"})
 #: pyarrow's jemalloc pool: decay of freed pages (ms)
 ARROW_DECAY_MS = 1000
+#: a ``--cluster`` client's own polars: it plans and reduces small tables (every rank's collective and step rows,
+#: then every rank's small part) while the workers read the trace, so two threads, and freed pages returned at
+#: once: its peak is then its live tables, not the transient buffers of the last query (512 ranks: 555 -> 467 MB
+#: with the decay alone, docs/scale.md §4); a local cluster's workers on the same cores keep them
+CLUSTER_CLIENT_THREADS = 2
+CLUSTER_CLIENT_JEMALLOC_CONF = "dirty_decay_ms:0,muzzy_decay_ms:0,narenas:1"
 
 
 def cli_command(argv: list[str] | None = None) -> str | None:
@@ -73,13 +79,35 @@ def polars_jemalloc_conf(command: str | None = None) -> str:
     return f"{conf},narenas:{max(1, ncpu // 4)}"
 
 
+def cluster_client(argv: list[str] | None = None) -> bool:
+    """Whether ``argv`` (default ``sys.argv``) runs a tracekit command as a ``--cluster`` client."""
+    argv = sys.argv if argv is None else argv
+    return cli_command(argv) is not None and any(a == "--cluster" or a.startswith("--cluster=") for a in argv[1:])
+
+
 def configure_env(argv: list[str] | None = None) -> bool:
-    """Set polars' allocator default for the command ``argv`` runs (default ``sys.argv``: :func:`cli_command`);
-    no-op for a variable the user set. Returns False (and sets nothing) once polars is loaded: too late."""
+    """Set polars' allocator default for the command ``argv`` runs (default ``sys.argv``: :func:`cli_command`), and
+    for a ``--cluster`` client its thread count (:data:`CLUSTER_CLIENT_THREADS`, :data:`CLUSTER_CLIENT_JEMALLOC_CONF`);
+    no-op for a variable the user set (:func:`user_env` keeps the user's values for the workers a local cluster
+    starts). Returns False (and sets nothing) once polars is loaded: too late."""
     if "polars" in sys.modules:
         return False
-    _env.set_default(_env.JEMALLOC_CONF, polars_jemalloc_conf(cli_command(argv)))
+    if cluster_client(argv):
+        ours = [n for n in (_env.JEMALLOC_CONF, _env.POLARS_MAX_THREADS) if not _env.is_set(n)]
+        _env.set_default(_env.JEMALLOC_CONF, CLUSTER_CLIENT_JEMALLOC_CONF)
+        _env.set_default(_env.POLARS_MAX_THREADS, str(CLUSTER_CLIENT_THREADS))
+        if ours:
+            _env.set_default(_env.CLIENT_DEFAULTS, ",".join(ours))
+    else:
+        _env.set_default(_env.JEMALLOC_CONF, polars_jemalloc_conf(cli_command(argv)))
     return True
+
+
+def user_env(name: str) -> str | None:
+    """The user's own value of ``name`` (:data:`~tracekit._env.JEMALLOC_CONF`, :data:`~tracekit._env.POLARS_MAX_THREADS`):
+    None where :func:`configure_env` set it as a ``--cluster`` client's default (``TRACEKIT_CLIENT_DEFAULTS``)."""
+    ours = (_env.get(_env.CLIENT_DEFAULTS) or "").split(",")
+    return None if name in ours else _env.get(name)
 
 
 @functools.cache

@@ -105,3 +105,36 @@ def test_release_memory_trims_the_heap(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_memory, "_libc", lambda: None)  # no C library to trim: nothing happens, nothing fails
     _memory.release_memory()
     assert trims == [0]
+
+
+#: like _PROBE, printing the client's allocator setting, its polars threads and what a local cluster's workers get
+_CLUSTER_PROBE = ("import sys, os; sys.argv = {argv!r}; import tracekit.cli as c; "
+                  "from tracekit import _env; from tracekit._memory import user_env; "
+                  "c._run = lambda: print(os.environ.get('_RJEM_MALLOC_CONF', ''), os.environ.get('POLARS_MAX_THREADS', '-'), "
+                  "user_env(_env.JEMALLOC_CONF), user_env(_env.POLARS_MAX_THREADS)); c.main()")
+
+
+def _clean_cluster_env(**extra: str) -> dict[str, str]:
+    drop = {"_RJEM_MALLOC_CONF", "POLARS_MAX_THREADS", "TRACEKIT_CLIENT_DEFAULTS"}
+    return {**{k: v for k, v in os.environ.items() if k not in drop}, **extra}
+
+
+@pytest.mark.parametrize("flag", [["--cluster", "local:2"], ["--cluster=local:2"]])
+def test_a_cluster_client_gets_few_threads_and_no_decay(flag: list[str]) -> None:
+    out = _run(_CLUSTER_PROBE.format(argv=["/venv/bin/tracekit", "analyze", "t", *flag]), _clean_cluster_env())
+    conf, threads, worker_conf, worker_threads = out.split()
+    assert conf == _memory.CLUSTER_CLIENT_JEMALLOC_CONF and threads == str(_memory.CLUSTER_CLIENT_THREADS)
+    # the client's own defaults are not the user's: a local cluster's workers get the command's setting and their cores
+    assert worker_conf == "None" and worker_threads == "None"
+
+
+def test_a_cluster_client_keeps_the_users_settings() -> None:
+    env = _clean_cluster_env(_RJEM_MALLOC_CONF="dirty_decay_ms:5", POLARS_MAX_THREADS="3")
+    out = _run(_CLUSTER_PROBE.format(argv=["/venv/bin/tracekit", "convert", "x", "-o", "d", "--cluster", "local:2"]), env)
+    assert out.split() == ["dirty_decay_ms:5", "3", "dirty_decay_ms:5", "3"]
+
+
+def test_without_cluster_nothing_changes_for_threads() -> None:
+    out = _run(_CLUSTER_PROBE.format(argv=["/venv/bin/tracekit", "analyze", "t"]), _clean_cluster_env())
+    conf, threads, _, _ = out.split()
+    assert conf.startswith(POLARS_JEMALLOC_CONF_ANALYZE) and threads == "-"

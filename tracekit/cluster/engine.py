@@ -117,9 +117,14 @@ def _local_threads(workers: int, threads: int | None) -> int:
 def _start_local(target: Target, threads: int | None) -> Any:
     from distributed import LocalCluster
 
+    from tracekit._memory import cli_command, polars_jemalloc_conf, user_env
+
     k = str(_local_threads(target.workers, threads))
-    env = {_env.POLARS_MAX_THREADS: _env.get(_env.POLARS_MAX_THREADS, k) or k,
-           _env.PARSE_THREADS: _env.get(_env.PARSE_THREADS, k) or k}
+    # the workers read the trace: the command's own allocator setting and their share of the cores, not the
+    # client's (tracekit._memory.configure_env), unless the user set them
+    env = {_env.POLARS_MAX_THREADS: user_env(_env.POLARS_MAX_THREADS) or k,
+           _env.PARSE_THREADS: _env.get(_env.PARSE_THREADS, k) or k,
+           _env.JEMALLOC_CONF: user_env(_env.JEMALLOC_CONF) or polars_jemalloc_conf(cli_command())}
     import dask
 
     # one task per worker thread at a time: a worker that dies is blamed on the task it ran, not on queued ones
