@@ -83,6 +83,30 @@ def kineto_ranks(base_files: list[Path], out: Path, ranks: int) -> list[Path]:
     return files
 
 
+def kineto_copies(src: Path, out: Path, ranks: int) -> list[Path]:
+    """``ranks`` copies of one real Kineto JSON (``.json`` or ``.json.gz``, e.g. a ``tile_real.cut_kineto_json`` cut of a
+    single-GPU capture), each naming its rank in ``distributedInfo`` (inserted before ``traceEvents``)."""
+    import gzip
+
+    raw = src.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    at = raw.find(b'"traceEvents"')
+    if at < 0 or b'"distributedInfo"' in raw[:at]:
+        raise SystemExit(f"{src}: expected a Kineto JSON without distributedInfo before its traceEvents")
+    out.mkdir(parents=True, exist_ok=True)
+    files = []
+    for t in range(ranks):
+        p = out / f"rank{t}.trace.json"
+        info = json.dumps({"backend": "nccl", "rank": t, "world_size": ranks}).encode()
+        with open(p, "wb") as w:
+            w.write(raw[:at])
+            w.write(b'"distributedInfo": ' + info + b", ")
+            w.write(raw[at:])
+        files.append(p)
+    return files
+
+
 class Cluster:
     """A loopback LocalCluster of ``workers`` processes in its own process (``_serve``), and a controller client."""
 
@@ -328,6 +352,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--every", type=int, default=4)
     ap.add_argument("--work", default="/tmp/tracekit-cluster-bench")
     ap.add_argument("--src", default=str(SRC), help="the real trace.parquet to tile (default: the grouped 2 x H200 fixture)")
+    ap.add_argument("--kineto", default="", help="a real Kineto JSON (.json / .json.gz): every rank a copy of it, instead of "
+                                                 "--src tiled (--tiles is then ignored)")
     ap.add_argument("--budget", type=float, default=1e9)
     ap.add_argument("--json", default="")
     a = ap.parse_args(argv)
@@ -338,13 +364,19 @@ def main(argv: list[str]) -> int:
     ranks = _ints(a.ranks)
     tiles = _ints(a.tiles) if a.tiles else [max(1, 512 // r) for r in ranks]
     plan = {int(k): _ints(v) for k, v in (x.split(":") for x in a.matrix.split(";") if x)} if a.matrix else {r: _ints(a.workers) for r in ranks}
-    results: dict[str, Any] = {"threads_per_worker": a.threads, "cpus": os.cpu_count(), "cases": [], "sim": None}
+    results: dict[str, Any] = {"threads_per_worker": a.threads, "cpus": os.cpu_count(), "cases": [], "sim": None,
+                               "source": a.kineto or a.src}
     inputs = {}
     for r, t in zip(ranks, tiles):
         t0 = time.perf_counter()
-        _, files = base_inputs(work, t)
-        inputs[r] = (kineto_ranks(files, work / f"in{r}", r)[0].parent, t)
-        print(f"inputs: {r} ranks x {t} tiles ({sum(f.stat().st_size for f in inputs[r][0].iterdir()) / 1e6:.0f} MB JSON) "
+        if a.kineto:
+            t = 1
+            inputs[r] = (kineto_copies(Path(a.kineto), work / f"in{r}", r)[0].parent, t)
+        else:
+            _, files = base_inputs(work, t)
+            inputs[r] = (kineto_ranks(files, work / f"in{r}", r)[0].parent, t)
+        what = f"copies of {Path(a.kineto).name}" if a.kineto else f"x {t} tiles"
+        print(f"inputs: {r} ranks {what} ({sum(f.stat().st_size for f in inputs[r][0].iterdir()) / 1e6:.0f} MB JSON) "
               f"in {time.perf_counter() - t0:.1f} s", flush=True)
     every_w = sorted({w for ws in plan.values() for w in ws} or ({8} if a.sim else set()))  # the simulation: on the most
     workers = every_w[:1] + every_w[-1:] + every_w[1:-1] if len(every_w) > 1 else every_w  # 1, most, then the rest
