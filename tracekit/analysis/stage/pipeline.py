@@ -387,10 +387,16 @@ def run_analysis(
         plan = crossrank.cross_rank_plan(ov.take_small(), meta, {"window": win, "quality": quality}, ranks=ov.all_ranks,
                                          cpu_ranks=ov.cpu_ranks, steps=ov.take_steps())
     split = plan.split if plan is not None else False
-    parts = sorted(runner.map(source, ov.all_ranks, win, plan, split), key=_rank_order)
-    bd_parts = [p.breakdown for p in parts]
-    kt_parts = [p.totals for p in parts]
-    cr_parts = [p.cross for p in parts if p.cross is not None]
+    kt_parts: list[pl.DataFrame] = []
+    parts = []
+    for part in runner.map(source, ov.all_ranks, win, plan, split):  # kernel totals summed as they come (exact)
+        kt_parts.append(part.totals)
+        if len(kt_parts) >= _TOTALS_FOLD:
+            kt_parts = [merge_kernel_totals(kt_parts)]
+        parts.append((_rank_order(part), part.breakdown, part.cross))
+    parts.sort(key=lambda x: x[0])
+    bd_parts = [b for _, b, _ in parts]
+    cr_parts = [c for _, _, c in parts if c is not None]
     del parts
     tables: dict[str, Any] = {}
     extra: dict[str, Any] = crossrank.cross_rank_finish(plan, cr_parts, tables) if plan is not None else {}
@@ -410,6 +416,11 @@ def run_analysis(
     return AnalysisResult(meta=meta, window=win, sections=sections, buckets=tuple(bd.buckets),
                           breakdown=bd.table, kernel_totals=totals if totals is not None else pl.DataFrame(), instances=view,
                           clock_offsets_ns=offsets, step_table=tables.get("steps", pl.DataFrame()), extra=others)
+
+
+#: the per-rank kernel totals are merged every this many parts while the map runs: a client of many ranks holds one
+#: merged table, not every rank's (the sum is exact and order-free; up to this many ranks it is one merge, as before)
+_TOTALS_FOLD = 64
 
 
 def _rank_order(part: RankPart) -> int:
