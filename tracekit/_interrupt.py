@@ -4,8 +4,10 @@ Why not Python's default handler (``KeyboardInterrupt`` raised wherever the main
 raised while polars calls back into Python (a categorical's ``_from_py_categories``, a UDF) becomes
 a Rust ``PanicException``: a panic message and traceback on stderr, exit 1. Here the SIGINT handler
 records the Ctrl-C (a flag) and raises only when the main thread is in plain Python code (tracekit,
-the standard library: no polars frame on its stack). Inside a polars call it raises nothing; a
-profile hook on the main thread raises as that call returns to code outside polars. Besides, the
+the standard library: no polars frame on its stack, and no other library's code above the innermost
+tracekit frame: an import of torch or numpy can swallow the exception in a bare ``except:``). Inside a
+polars or library call it raises nothing; a profile hook on the main thread raises as that call returns
+to tracekit's code. Besides, the
 long loops (convert's per-chunk reading and per-batch writing, its per-rank loop, analyze's per-rank
 work, timeline and export) call :func:`check` between chunks, batches and ranks, from any thread (a
 worker's ``KeyboardInterrupt`` reaches the main thread like any other error). The CLI turns it into
@@ -79,6 +81,37 @@ def _in_unsafe_call(frame: Any) -> bool:
     return False
 
 
+def _module_of(f: Any) -> str:
+    return str(f.f_globals.get("__name__", ""))
+
+
+def _is_tracekit(mod: str) -> bool:
+    return mod == "tracekit" or mod.startswith("tracekit.")
+
+
+def _third_party(mod: str) -> bool:
+    """A module of an installed library: neither tracekit, nor the standard library, nor the main script."""
+    top = mod.partition(".")[0]
+    return bool(top) and not _is_tracekit(mod) and top not in sys.stdlib_module_names and top != "__main__"
+
+
+def _in_library_call(frame: Any) -> bool:
+    """Whether the main thread is inside a library's code that tracekit called (a frame of an installed library
+    between ``frame`` and the innermost tracekit frame): e.g. importing torch or numpy, which catch exceptions
+    with bare ``except:`` on some paths and would swallow a ``KeyboardInterrupt`` raised there (a Ctrl-C while a
+    capture started ran the whole capture before it stopped). Frames below the first tracekit frame (the CLI's
+    typer and click) do not count."""
+    f = frame
+    while f is not None:
+        mod = _module_of(f)
+        if _is_tracekit(mod):
+            return False
+        if _third_party(mod):
+            return True
+        f = f.f_back
+    return False
+
+
 def _stoppable() -> bool:
     return _State.pending and _State.running and not _State.committed
 
@@ -89,7 +122,7 @@ def _on_sigint(signum: int, frame: Any) -> None:
         _State.pending = True  # between commands, the output published, or a resource being recorded: not now
         return
     _State.pending = True
-    if _State.count > 1 or not _in_unsafe_call(frame):
+    if _State.count > 1 or not (_in_unsafe_call(frame) or _in_library_call(frame)):
         # plain Python code (tracekit, the standard library): as safe as anywhere; or the second Ctrl-C: now
         _raise()
     _arm_unwind()
@@ -114,9 +147,11 @@ def _on_return(frame: Any, event: str, arg: Any) -> None:
         return
     if _State.deferred:
         return  # held: deferred() raises on leaving
-    if event == "return" and _unsafe(frame) and not _in_unsafe_call(frame.f_back):
+    if event != "return" or not (_unsafe(frame) or _third_party(_module_of(frame))):
+        return
+    if not _in_unsafe_call(frame.f_back) and not _in_library_call(frame.f_back):
         sys.setprofile(None)
-        _raise()  # reaches the caller of the polars function: tracekit code, no Rust frame on the stack
+        _raise()  # reaches the caller of the polars or library function: tracekit code, no Rust frame on the stack
 
 
 def install() -> Any:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from tracekit import _env
+from tracekit import _env, _interrupt
 from tracekit._errors import CaptureError, OutputError, QualityLog, TracekitError, require
 from tracekit.capture.options import CaptureOptions, default_cpu_ranks, host_cores
 
@@ -161,12 +161,20 @@ def _run_ranks(opts: CaptureOptions, run_dir: Path, quality: QualityLog, progres
 
     old = _install_handlers(on_signal)
     try:
+        if _interrupt.pending():
+            # a Ctrl-C while the workload was being set up (importing torch), before these handlers: the flag
+            # handler only noted it, and nothing would act on it until after the whole run; no rank starts
+            shutil.rmtree(run_dir, ignore_errors=True)
+            _interrupt.check("capture")
+            raise KeyboardInterrupt
         for p in procs:
             p.start()
         _monitor(procs, queue, stop, opts, quality, progress, say, run_dir, signals)
     finally:
         _restore_handlers(old)
         for p in procs:
+            if p.pid is None:  # never started
+                continue
             if p.is_alive():
                 p.kill()
             p.join(timeout=5)
