@@ -31,7 +31,7 @@ import numpy as np
 import polars as pl
 
 __all__ = ["StepTime", "gpu_part_expr", "job_steps", "p50", "prev_gpu_end", "primary_shape", "quantile", "step_ns_expr", "step_time",
-           "step_time_of_job"]
+           "step_time_of_job", "JOB_COLUMNS"]
 
 
 def step_ns_expr(host_ns: pl.Expr, gpu_part_ns: pl.Expr) -> pl.Expr:
@@ -75,6 +75,10 @@ def quantile(x: np.ndarray | pl.Series | list[float], q: float) -> float:
 def p50(x: np.ndarray | pl.Series | list[float]) -> float:
     """The step-time median: :func:`quantile` at 0.5."""
     return quantile(x, 0.5)
+
+
+#: the step-table columns :func:`job_steps` reads (the others of a step table are never copied here)
+JOB_COLUMNS = ("rank", "start_ns", "step_ns", "mode", "tokens", "step_id", "batch_size", "dur_ns", "gpu_span_ns")
 
 
 def job_steps(steps: pl.DataFrame) -> pl.DataFrame:

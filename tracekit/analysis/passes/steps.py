@@ -32,7 +32,7 @@ from tracekit.core import intervals as iv
 from tracekit.analysis.findings import step_candidates
 from tracekit.analysis.passes.gaps import gpu_ops
 from tracekit.analysis.registry import Analysis, FinishContext, Finished, register
-from tracekit.analysis.steptime import StepTime, gpu_part_expr, job_steps, prev_gpu_end, step_ns_expr, step_time_of_job
+from tracekit.analysis.steptime import JOB_COLUMNS, StepTime, gpu_part_expr, job_steps, prev_gpu_end, step_ns_expr, step_time_of_job
 from tracekit.analysis.unprofiled import matched_timing
 from tracekit.schema import CATEGORIES
 
@@ -162,8 +162,7 @@ def step_finish(parts: list[StepPart]) -> StepStats:
 
 
 #: the step-table columns :func:`counted_steps` and :func:`~tracekit.analysis.steptime.job_steps` read
-_JOB_COLUMNS = ("rank", "start_ns", "step_ns", "mode", "tokens", "step_id", "batch_size", "dur_ns", "gpu_span_ns", "profiled",
-                "gpu_ops")
+_JOB_COLUMNS = (*JOB_COLUMNS, "profiled", "gpu_ops")
 
 
 def _rank_time_ordered(df: pl.DataFrame) -> bool:
@@ -204,7 +203,7 @@ def counted_steps(steps: pl.DataFrame) -> pl.DataFrame:
     """The rows that count for the step time (:mod:`tracekit.analysis.steptime`): profiled steps with GPU work; on
     a trace without any GPU op (CPU mode), every profiled step."""
     prof = pl.col("profiled").fill_null(True)
-    if steps.get_column("gpu_ops").sum() > 0 or steps.select((prof & (pl.col("gpu_ops") > 0)).any()).item():
+    if steps.get_column("gpu_ops").sum() > 0:
         return steps.filter(prof & (pl.col("gpu_ops") > 0))
     return steps.filter(prof)
 

@@ -34,7 +34,7 @@ from tracekit.analysis.passes.stalls import MIN_REL_STEP, MIN_WAIT_NS, stall_pla
 from tracekit.analysis.plan import CrossRankPlan
 from tracekit.analysis.passes.steps import comm_wait_by_step
 from tracekit.analysis.result import INSTANCE_VIEW_COLUMNS
-from tracekit.core.window import cpu_mode_ranks
+from tracekit.core.window import STEP_COLUMNS, cpu_mode_ranks
 from tracekit.schema import TraceMeta
 
 __all__ = ["cross_rank_sections", "cross_rank_plan", "cross_rank_part", "cross_rank_finish", "CrossRankPart",
@@ -105,10 +105,10 @@ def cross_rank_plan(
     if cpu_ranks is None:
         cpu_ranks = cpu_mode_ranks(small)
     # split first, each kind with the columns read here: the step rows of many ranks are most of the small rows,
-    # and they need 6 of its 20 columns
+    # and they need the overview's STEP_COLUMNS
     is_step = (pl.col("kind") == "step").fill_null(False)
     rows = steps if steps is not None else small
-    step_rows = rows.lazy().filter(is_step).select([c for c in _STEP_KEEP if c in rows.columns]).collect() if rows.width else rows
+    step_rows = rows.lazy().filter(is_step).select([c for c in STEP_COLUMNS if c in rows.columns]).collect() if rows.width else rows
     del steps, rows
     coll = collective_ops(small.lazy().filter(~is_step).collect(), cpu_ranks=cpu_ranks)
     del small  # the caller may hand its only reference over: the collective and step rows are all that is kept
@@ -153,9 +153,6 @@ def _options_of(plan: CrossRankPlan, a: Analysis) -> dict[str, Any]:
     """``a``'s resolved options (its defaults when it was registered after ``plan`` was made)."""
     return plan.options.get(a.name, dict(a.options))
 
-
-#: step-row columns the plan reads (stall steps, in the aligned time base)
-_STEP_KEEP = ["kind", "rank", "ts_ns", "dur_ns", "launch_ts_ns", "step_id"]
 
 #: instance columns the per-rank analyses read (idle causes: waiting_on_peer; PCIe: collective phases)
 _INST_KEEP = ["rank", "name", "step_id", "arrival_ns", "end_ns", "wait_ns", "transfer_ns", "late_rank", "bus_bw_bytes_per_s"]
