@@ -35,7 +35,7 @@ from pathlib import Path
 __all__ = ["DEBUG", "PARSE_THREADS", "POLARS_MAX_THREADS", "ARROW_DECAY_MS", "JEMALLOC_CONF", "CLIENT_DEFAULTS", "SGLANG_HOOK", "STEP_DIR",
            "CAPTURE_DIR", "CAPTURE_SPEC", "PKG_PARENT", "MODULE_CONTEXT", "TEST_SIGINT_AT", "TEST_KILL_RANK", "RANK", "WORLD_SIZE",
            "LOCAL_RANK", "CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "MASTER_ADDR", "PYTHONPATH",
-           "CACHE_DIR", "XDG_CACHE_HOME", "cache_dir", "debug", "get", "is_set", "flag", "int_value", "positive_int", "set_default",
+           "CACHE_DIR", "XDG_CACHE_HOME", "cache_dir", "debug", "get", "is_set", "flag", "int_value", "positive_int", "set_default", "unset",
            "environ"]
 
 DEBUG = "TRACEKIT_DEBUG"
@@ -101,6 +101,11 @@ def positive_int(name: str) -> int | None:
 def set_default(name: str, value: str) -> None:
     """Set the variable for this process and its children, unless the user set it."""
     os.environ.setdefault(name, value)
+
+
+def unset(name: str) -> None:
+    """Remove the variable from this process' environment (and its children's)."""
+    os.environ.pop(name, None)
 
 
 def environ() -> dict[str, str]:

@@ -12,7 +12,8 @@ rank's frames). Three allocators hold freed memory back by default:
   13.0 s, 683 MB (1.5x the rank's JSON instead of 1.7x); 0 ms costs ~3 s more.
   It reads ``_RJEM_MALLOC_CONF`` when polars loads, so :func:`configure_env`
   runs first thing in the CLI entry (``tracekit.cli.main``, before any command
-  imports polars) and never overrides a value the user set. Importing tracekit
+  imports polars) and never overrides a value the user set (a value made of polars' own defaults only is not the
+  user's: a parent process that imported polars passes it on). Importing tracekit
   changes nothing; a program that uses the library calls
   ``tracekit.configure_env()`` before it imports polars to get the same setting.
 * pyarrow's jemalloc pool (JSON parser, Parquet writer): decay set to 1 s at runtime
@@ -92,6 +93,10 @@ def configure_env(argv: list[str] | None = None) -> bool:
     starts). Returns False (and sets nothing) once polars is loaded: too late."""
     if "polars" in sys.modules:
         return False
+    if _env.is_set(_env.JEMALLOC_CONF) and _users_jemalloc(_env.get(_env.JEMALLOC_CONF) or "") is None:
+        # polars' own default, passed on by a parent process that imported polars (a notebook, a benchmark's
+        # controller): not the user's choice, so it does not keep this command's setting
+        _env.unset(_env.JEMALLOC_CONF)
     if cluster_client(argv):
         ours = [n for n in (_env.JEMALLOC_CONF, _env.POLARS_MAX_THREADS) if not _env.is_set(n)]
         _env.set_default(_env.JEMALLOC_CONF, CLUSTER_CLIENT_JEMALLOC_CONF)
@@ -101,6 +106,21 @@ def configure_env(argv: list[str] | None = None) -> bool:
     else:
         _env.set_default(_env.JEMALLOC_CONF, polars_jemalloc_conf(cli_command(argv)))
     return True
+
+
+#: what ``import polars`` writes at the front of ``_RJEM_MALLOC_CONF`` (its defaults; the environment's own value
+#: follows them), which child processes then inherit
+_POLARS_OWN_JEMALLOC = frozenset({"dirty_decay_ms:500", "muzzy_decay_ms:1000", "thp:always", "metadata_thp:always"})
+
+
+def _users_jemalloc(value: str) -> str | None:
+    """``value`` of ``_RJEM_MALLOC_CONF`` without the defaults that ``import polars`` put in front of it; None when
+    nothing else is left (the variable was set by polars in a parent process, not by the user)."""
+    items = [x for x in value.split(",") if x]
+    i = 0
+    while i < len(items) and items[i] in _POLARS_OWN_JEMALLOC:
+        i += 1
+    return ",".join(items[i:]) or None
 
 
 def user_env(name: str) -> str | None:

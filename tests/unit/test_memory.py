@@ -138,3 +138,19 @@ def test_without_cluster_nothing_changes_for_threads() -> None:
     out = _run(_CLUSTER_PROBE.format(argv=["/venv/bin/tracekit", "analyze", "t"]), _clean_cluster_env())
     conf, threads, _, _ = out.split()
     assert conf.startswith(POLARS_JEMALLOC_CONF_ANALYZE) and threads == "-"
+
+
+def test_polars_own_default_from_a_parent_process_is_not_the_users() -> None:
+    """A parent that imported polars (a notebook, a benchmark's controller) passes polars' own default on: the
+    command still gets its setting (the cluster client measured 437 MB instead of 363 at 512 ranks without this)."""
+    parent = _run("import os, polars; print(os.environ['_RJEM_MALLOC_CONF'])", _clean_cluster_env())
+    assert parent.startswith("dirty_decay_ms:500")  # what this polars writes; if it changes, so must _POLARS_OWN_JEMALLOC
+    out = _run(_CLUSTER_PROBE.format(argv=["/venv/bin/tracekit", "analyze", "t", "--cluster", "local:2"]),
+               _clean_cluster_env(_RJEM_MALLOC_CONF=parent))
+    conf, threads, worker_conf, _ = out.split()
+    assert conf == _memory.CLUSTER_CLIENT_JEMALLOC_CONF and worker_conf == "None"
+    out = _run(_PROBE.format(argv=["/venv/bin/tracekit", "analyze", "t"]), _clean_env(_RJEM_MALLOC_CONF=parent))
+    assert out.split()[0].startswith(POLARS_JEMALLOC_CONF_ANALYZE + ",narenas:")
+    # the user's own value after polars' defaults still wins
+    out = _run(_PROBE.format(argv=["/venv/bin/tracekit", "analyze", "t"]), _clean_env(_RJEM_MALLOC_CONF=parent + ",dirty_decay_ms:7"))
+    assert out.split()[0] == parent + ",dirty_decay_ms:7"

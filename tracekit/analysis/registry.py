@@ -118,6 +118,7 @@ class Analysis:
     rows: Rows = "observed"
     order: int = 100
     findings_first: bool = False
+    fold: Callable[[list[Any]], Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ The same driver, the same functions; only where they run changes (:class:`Cluste
    (a ``trace.parquet`` or a dataset: a path every worker can read), :func:`~tracekit.analysis.stage.pipeline.analyze_rank`
    with the plan — broadcast once to every worker without the per-rank tables, plus the rank's own instance
    and wait rows — and back comes the rank's small :class:`~tracekit.analysis.stage.pipeline.RankPart`;
-4. reduce on the client (exact, as locally); the stages after the finish (next win: a bounded replay sample)
+4. reduce on the client as the parts arrive (exact, as locally: :class:`~tracekit.analysis.stage.pipeline._Reduce`); the stages after the finish (next win: a bounded replay sample)
    run as one task on a worker.
 
 No kernel table ever reaches the client. A rank whose task fails is a one-line error naming the rank; under
@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 import polars as pl
 
 from tracekit import _env, _interrupt
+from tracekit._memory import release_memory
 from tracekit._errors import RankError, TracekitError, UsageError
 from tracekit.analysis.plan import CrossRankPlan
 from tracekit.analysis.result import AnalysisResult
@@ -128,12 +129,13 @@ class ClusterRunner:
     def __init__(self, client: "Client", path: str, ranks: Sequence[int] | None) -> None:
         self.client, self.path, self.ranks = client, path, (list(ranks) if ranks is not None else None)
 
-    def _gather(self, futs: list[Any], ranks: list[int]) -> list[Any]:
-        """Every future's result, in order, each fetched as soon as its task ends (a result kept on a worker that
-        dies later would be lost and recomputed); the first failure in rank order is a :class:`RankFailed`."""
+    def _as_done(self, futs: list[Any], ranks: list[int]) -> Iterator[tuple[int, Any]]:
+        """(index, result) of every future as its task ends, each fetched at once (a result kept on a worker that
+        dies later would be lost and recomputed) and released; once all have ended, the first failure in rank
+        order is a :class:`RankFailed`."""
         import time
 
-        got: dict[int, Any] = {}
+        got: set[int] = set()
         bad: dict[int, Any] = {}
         while len(got) + len(bad) < len(futs):  # short sleeps: a Ctrl-C is heard between them
             _interrupt.check("analyze")
@@ -144,10 +146,13 @@ class ClusterRunner:
                 busy = False
                 if f.status == "finished":
                     try:
-                        got[i] = f.result()
+                        res = f.result()
                         f.release()
                     except Exception:  # noqa: BLE001 - its result was lost with a worker: it is being recomputed
                         continue
+                    got.add(i)
+                    yield i, res
+                    del res
                 else:
                     bad[i] = f
             if busy:
@@ -155,6 +160,10 @@ class ClusterRunner:
         if bad:
             i = min(bad, key=lambda i: ranks[i])
             raise _failure(bad[i], ranks[i])
+
+    def _gather(self, futs: list[Any], ranks: list[int]) -> list[Any]:
+        """Every future's result, in order (:meth:`_as_done`)."""
+        got = dict(self._as_done(futs, ranks))
         return [got[i] for i in range(len(futs))]
 
     def overview(self, source: Any, profiler_windows: list[list[int]] | None) -> tuple[Overview, pl.DataFrame | None]:
@@ -166,6 +175,8 @@ class ClusterRunner:
         ov = overview_of(agg, pl.concat([s for _, s, _, _ in got]) if got else pl.DataFrame(),
                          pl.concat([s for _, _, s, _ in got]) if got else pl.DataFrame())
         bounds = [b for _, _, _, b in got if b is not None]
+        del got
+        release_memory()  # the tasks' results, now concatenated: their heap pages go back before the plan
         return ov, combine_bounds(bounds) if bounds else None
 
     def map(self, source: Any, ranks: list[int], win: Window, plan: CrossRankPlan | None, split: bool) -> Iterator[RankPart]:
@@ -178,7 +189,8 @@ class ClusterRunner:
             waits = waits_of.get(r, plan.waits.clear()) if plan is not None else None
             futs.append(self.client.submit(_rank_task, self.path, self.ranks, r, win, common, inst, waits, split, pure=False,
                                            key=f"tk-rank-{r}-{_tag()}"))
-        yield from self._gather(futs, ranks)
+        for _i, part in self._as_done(futs, ranks):  # as each task ends: the reduce folds them as they come
+            yield part
 
     def after(self, stage: AfterFinish, run: FinishedRun) -> StageOutput:
         # scattered, not in the task: the sections and the instances' view of many ranks are megabytes (a task

@@ -137,6 +137,20 @@ def step_part(df: pl.DataFrame, comm_wait: pl.DataFrame | None = None) -> StepPa
     return StepPart(_step_table(st, ops, comm_wait), by_time, n_ops, n_with)
 
 
+def step_fold(parts: list[StepPart | None]) -> StepPart | None:
+    """The parts of consecutive ranks as one (the registry's ``fold``): :func:`step_finish` of the folded part
+    equals that of the parts (rows in the same order, the same choice between ``by_id`` and ``by_time``)."""
+    got = [p for p in parts if p is not None]
+    if not got:
+        return None
+    rows = [p for p in got if p.by_id.height]
+    by_id = pl.concat([p.by_id for p in rows], how="vertical_relaxed") if rows else pl.DataFrame()
+    by_time = None
+    if any(p.by_time is not None for p in rows):  # what step_finish takes per part when no op carries a step_id
+        by_time = pl.concat([p.by_time if p.by_time is not None else p.by_id for p in rows], how="vertical_relaxed")
+    return StepPart(by_id, by_time, sum(p.ops for p in got), sum(p.ops_with_step for p in got))
+
+
 def step_finish(parts: list[StepPart]) -> StepStats:
     """All parts → :class:`StepStats` (summary percentiles over every rank's steps, exact)."""
     q = QualityLog()
@@ -244,4 +258,5 @@ ANALYSIS = register(Analysis(
     "steps", ("steps",),
     ("rank", "kind", "ts_ns", "dur_ns", "category", "launch_ts_ns", "step_id", "step_mode", "batch_size", "tokens", "profiled"),
     lambda df, ctx: step_part(df, ctx.plan.comm_wait), _finish,
-    lambda ctx: step_candidates(ctx.result.value.summary, ctx.result.value.steps, ctx.result.value.step_time), order=50))
+    lambda ctx: step_candidates(ctx.result.value.summary, ctx.result.value.steps, ctx.result.value.step_time), order=50,
+    fold=step_fold))

@@ -37,7 +37,7 @@ from tracekit.analysis.result import INSTANCE_VIEW_COLUMNS
 from tracekit.core.window import STEP_COLUMNS, cpu_mode_ranks
 from tracekit.schema import TraceMeta
 
-__all__ = ["cross_rank_sections", "cross_rank_plan", "cross_rank_part", "cross_rank_finish", "CrossRankPart",
+__all__ = ["cross_rank_sections", "cross_rank_plan", "cross_rank_part", "cross_rank_finish", "CrossRankPart", "PartsByAnalysis",
            "section_keys"]
 
 #: what the part driver itself reads of a rank's rows: clock offsets, the window clip, the profiler-window filter
@@ -200,19 +200,45 @@ def cross_rank_part(df: pl.DataFrame, plan: CrossRankPlan, *, ranks: list[int] |
     return CrossRankPart(out)
 
 
-def cross_rank_finish(plan: CrossRankPlan, parts: list[CrossRankPart], tables: dict[str, Any] | None = None) -> dict[str, Any]:
-    """JSON sections from the plan and every rank's :class:`CrossRankPart` (see :func:`cross_rank_sections`).
+class PartsByAnalysis:
+    """Every rank's :class:`CrossRankPart`, by analysis, in rank order: what :func:`cross_rank_finish` reads.
+
+    :meth:`extend` takes a run of parts of consecutive ranks; an analysis with a ``fold``
+    (:class:`~tracekit.analysis.registry.Analysis`) keeps the run as one folded part, so a reduce over many ranks
+    holds one part per run, not one per rank (the finish is the same: ``fold``'s contract)."""
+
+    def __init__(self, parts: Sequence[CrossRankPart] = ()) -> None:
+        self.by_name: dict[str, list[Any]] = {a.name: [] for a in analyses() if a.part is not None}
+        if parts:
+            self.extend(parts)
+
+    def extend(self, run: Sequence[CrossRankPart]) -> None:
+        for a in analyses():
+            if a.part is None:
+                continue
+            items = [p.parts[a.name] for p in run]
+            self.by_name[a.name].extend([a.fold(items)] if a.fold is not None and len(items) > 1 else items)
+
+    def of(self, name: str) -> list[Any]:
+        return self.by_name.get(name, [])
+
+
+def cross_rank_finish(plan: CrossRankPlan, parts: "Sequence[CrossRankPart] | PartsByAnalysis",
+                      tables: dict[str, Any] | None = None) -> dict[str, Any]:
+    """JSON sections from the plan and every rank's :class:`CrossRankPart` (see :func:`cross_rank_sections`), in
+    rank order, or those parts already gathered by analysis (:class:`PartsByAnalysis`).
 
     Each registered analysis finishes in registry order, with the finished analyses it ``needs``;
     then each one's findings (with its ``findings_needs``) go to the one ranker,
     :func:`tracekit.analysis.findings.rank_findings`. ``tables``: when given, receives the full
     frames behind the sections (``steps``: the step table)."""
     listing = analyses()
+    by = parts if isinstance(parts, PartsByAnalysis) else PartsByAnalysis(parts)
     tab: dict[str, Any] = tables if tables is not None else {}
     done: dict[str, Finished] = {}
     out: dict[str, Any] = {}
     for a in listing:
-        fin = a.finish([p.parts[a.name] for p in parts] if a.part is not None else [],
+        fin = a.finish(by.of(a.name) if a.part is not None else [],
                        FinishContext(plan, {n: done[n] for n in a.needs}, _options_of(plan, a), plan.quality, tab))
         done[a.name] = fin
         out.update(fin.sections)

@@ -42,6 +42,7 @@ import msgspec
 import polars as pl
 
 from tracekit import _interrupt
+from tracekit._memory import release_memory
 from tracekit._errors import InputError, QualityLog, RankError, TracekitError, UsageError
 from tracekit.analysis.passes.breakdown import (breakdown_finish, compute_breakdown, kernel_totals, merge_kernel_totals, top_kernels,
                                          uncategorized_top)
@@ -387,22 +388,17 @@ def run_analysis(
         plan = crossrank.cross_rank_plan(ov.take_small(), meta, {"window": win, "quality": quality}, ranks=ov.all_ranks,
                                          cpu_ranks=ov.cpu_ranks, steps=ov.take_steps())
     split = plan.split if plan is not None else False
-    kt_parts: list[pl.DataFrame] = []
-    parts = []
-    for part in runner.map(source, ov.all_ranks, win, plan, split):  # kernel totals summed as they come (exact)
-        kt_parts.append(part.totals)
-        if len(kt_parts) >= _TOTALS_FOLD:
-            kt_parts = [merge_kernel_totals(kt_parts)]
-        parts.append((_rank_order(part), part.breakdown, part.cross))
-    parts.sort(key=lambda x: x[0])
-    bd_parts = [b for _, b, _ in parts]
-    cr_parts = [c for _, _, c in parts if c is not None]
-    del parts
+    red = _Reduce(ov.all_ranks if source.by_rank else [])
+    for part in runner.map(source, ov.all_ranks, win, plan, split):
+        red.add(part)
+    bd_parts, cr_parts, kt_parts = red.result()
+    del red
     tables: dict[str, Any] = {}
     extra: dict[str, Any] = crossrank.cross_rank_finish(plan, cr_parts, tables) if plan is not None else {}
     bd = breakdown_finish(bd_parts, win, split=split)
     totals = merge_kernel_totals(kt_parts) if kt_parts else None
     del cr_parts, bd_parts, kt_parts  # reduced: the stages after the finish run without every rank's parts
+    release_memory()  # ... and without the heap pages that held them
     if plan is not None:
         for stage in after:
             _interrupt.check("analyze")
@@ -418,14 +414,58 @@ def run_analysis(
                           clock_offsets_ns=offsets, step_table=tables.get("steps", pl.DataFrame()), extra=others)
 
 
-#: the per-rank kernel totals are merged every this many parts while the map runs: a client of many ranks holds one
-#: merged table, not every rank's (the sum is exact and order-free; up to this many ranks it is one merge, as before)
-_TOTALS_FOLD = 64
+#: the map's parts are folded every this many while it runs: a client of many ranks holds one merged kernel-totals
+#: table and one folded part per run of this many ranks for each analysis with a ``fold``, not every rank's (both
+#: exact; up to this many ranks nothing is folded before the finish, as before)
+_FOLD = 64
 
 
 def _rank_order(part: RankPart) -> int:
     """Where a part goes in the reduce: its first rank (a whole frame's part is the only one)."""
     return min(part.ranks) if part.ranks else -1
+
+
+class _Reduce:
+    """The map's parts, arriving in any order, reduced as they come: kernel totals merged every :data:`_FOLD`
+    parts (a sum: any order); the cross-rank parts of consecutive ranks (``expected``: the ranks in the order the
+    finish reads them, one part each) gathered by analysis and folded every :data:`_FOLD`
+    (:class:`~tracekit.analysis.stage.crossrank.PartsByAnalysis`); a part that comes before those of lower ranks
+    waits for them. Parts of ranks not in ``expected`` (a whole frame's) are ordered at the end."""
+
+    def __init__(self, expected: Sequence[int]) -> None:
+        from tracekit.analysis.stage.crossrank import PartsByAnalysis
+
+        self.expected = sorted(expected)
+        self.at = 0
+        self.waiting: dict[int, RankPart] = {}
+        self.run: list[RankPart] = []
+        self.breakdown: list[Any] = []
+        self.cross = PartsByAnalysis()
+        self.totals: list[pl.DataFrame] = []
+
+    def add(self, part: RankPart) -> None:
+        self.totals.append(part.totals)
+        if len(self.totals) >= _FOLD:
+            self.totals = [merge_kernel_totals(self.totals)]
+        self.waiting[_rank_order(part)] = part
+        while self.at < len(self.expected) and self.expected[self.at] in self.waiting:
+            self.run.append(self.waiting.pop(self.expected[self.at]))
+            self.at += 1
+            if len(self.run) >= _FOLD:
+                self._flush()
+
+    def _flush(self) -> None:
+        self.breakdown += [p.breakdown for p in self.run]
+        cross = [p.cross for p in self.run if p.cross is not None]
+        if cross:
+            self.cross.extend(cross)
+        self.run = []
+
+    def result(self) -> tuple[list[Any], Any, list[pl.DataFrame]]:
+        """(breakdown parts, cross-rank parts by analysis, kernel totals parts), every part in rank order."""
+        self.run += [self.waiting.pop(k) for k in sorted(self.waiting)]  # all above the folded ranks
+        self._flush()
+        return self.breakdown, self.cross, self.totals
 
 
 _TREE_FIELDS = frozenset(f.name for f in msgspec.structs.fields(Sections))
