@@ -13,11 +13,7 @@ syncs the launching thread made inside it (a host-synced loop: ``.tolist()``/``n
   launches keep their host calls and gaps (the framework's own cost per launch, as recorded and calibrated); every
   later host call of the block and the gaps before them go, and the gap after the block (the loop's epilogue)
   becomes the kept calls' median gap; so do all host syncs inside the block (a grouped implementation reads no
-  expert counts back). The kept calls' own time is scaled like the gaps, by the calibrated gap scale: the
-  calibration fits one scale on the step's gaps, so the profiler's cost inside the calls (each traced call runs
-  slower) is taken off through the gaps of the whole step; the gaps of the dropped calls carried the kept calls'
-  share of it, so the kept calls give it back themselves (measured: the largest error of the seven loop → grouped
-  pairs went from 23 % to 18 %, the median from 6.6 % to 6.0 %; docs/replay.md);
+  expert counts back);
 * *GPU*: the loop's expert GEMMs become two grouped GEMMs (gate/up and down) of
   ``GROUPED_NS_PER_EXPERT × experts + weight bytes / GROUPED_BYTES_PER_S`` each (fitted on the corpus' eager and
   grouped_mm pairs of the same models: experts = the loop's GEMMs / 2, weight bytes from the config), placed on
@@ -155,13 +151,7 @@ def grouped_experts_edit(g: ReplayGraph, inp: SimInputs, notes: list[str]) -> No
 
 def _drop_host(g: ReplayGraph, inp: SimInputs, first: int, after: int, last: int) -> None:
     """Host calls (after, last] of one rank's chain and the gaps before them take no time; the gap after the block's
-    last call (the loop's epilogue) becomes the kept calls' median gap; the kept calls [first, after] take their
-    own time × the calibrated gap scale (module doc)."""
-    s = inp.gap_scale
-    if 0.0 < s < 1.0:  # (a scale of 0 means the calls' own time was calibrated instead: already scaled)
-        k = np.arange(first, after + 1)
-        k = k[g.vkind[k] == VK_CPU]
-        inp.vdur[k] = np.rint(inp.vdur[k] * s).astype(np.int64)
+    last call (the loop's epilogue) becomes the kept calls' median gap."""
     if last <= after:
         return
     v = np.arange(after + 1, last + 1)
