@@ -16,9 +16,10 @@ Cases run in groups (``GROUPS``: a baseline and its variants), all of a group's 
    per-shape kernel plans, e.g. cuDNN SDPA's, are built before any timed step);
 2. ``--rounds`` unprofiled blocks ``u1``… per case on the program's own clock, interleaved across the group's
    cases (order reversed every other round) so slow host drift hits a baseline and its variant alike;
-3. after the first half of the rounds, one profiled block per case under ``torch.profiler`` (CPU + CUDA,
-   CUDA sync events; ``record_shapes`` where the case says so), exported as ``<case>.trace.json.gz``, then one
-   unrecorded ``settle`` block per case (the first steps after a profiler window ran up to 2x slow in a first run).
+3. after the first half of the rounds (``--profile-at end``: after all of them), one profiled block per case under
+   ``torch.profiler`` (CPU + CUDA, CUDA sync events; ``record_shapes`` where the case says so), exported as
+   ``<case>.trace.json.gz``, then one unrecorded ``settle`` block per case (the first steps after a profiler window
+   ran up to 2x slow in a first run; on one H100 every later eager step ran 35 % slower, hence ``end``).
 
 The process is pinned to ``--cores`` and Python's garbage collector is off inside the blocks. Each block is a
 fresh decode session (HF: prefill of ``--prompt`` tokens, untimed, then the steps), so every block decodes the
@@ -374,8 +375,9 @@ def run_group(names: list[str], out: Path, a: argparse.Namespace) -> None:
     try:
         for n in names:  # the warm-up decodes every cache position the blocks reach (kernel plans per shape)
             prep[n](clocks[n], "warmup", steps(n), None)
-        for r in range(a.rounds):
-            if r == a.rounds // 2:
+        at = a.rounds // 2 if a.profile_at == "middle" else a.rounds
+        for r in range(a.rounds + 1):
+            if r == at:
                 for n in names:
                     prof = _profiler(dev == "cuda", bool(CASES[n].get("shapes")))
                     k = min(int(CASES[n]["prof_steps"]), steps(n))
@@ -384,8 +386,12 @@ def run_group(names: list[str], out: Path, a: argparse.Namespace) -> None:
                     info[n]["export_s"] = _export(prof, out / f"{n}.trace.json.gz")
                     gc.collect()
                     gc.disable()
+                if r == a.rounds:
+                    break
                 for n in names:  # steps right after a profiler window run slow (seen: 2x for ~6 steps): settle first
                     prep[n](clocks[n], "settle", steps(n), None)
+            if r == a.rounds:
+                break
             for n in (names if r % 2 == 0 else names[::-1]):
                 prep[n](clocks[n], f"u{r + 1}", steps(n), None)
     finally:
@@ -418,6 +424,9 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--unprof", type=int, default=16, help="decode steps per unprofiled block")
     ap.add_argument("--rounds", type=int, default=4, help="unprofiled blocks per case")
+    ap.add_argument("--profile-at", choices=("middle", "end"), default="middle",
+                    help="the profiled blocks after the first half of the rounds, or after all of them (a process can "
+                         "run slower after a profiler window: one H100 ran eager steps 35%% slower for the rest of the run)")
     ap.add_argument("--cores", default="2-5", help="pin the process to these cores ('' = no pinning)")
     ap.add_argument("--deadline-s", type=float, default=300.0, help="start no group after this many seconds")
     a = ap.parse_args()

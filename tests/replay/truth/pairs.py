@@ -79,6 +79,17 @@ PAIRS = [
     Pair("loop → grouped experts", "built-in MoE decoder, H100", "h_tk_loop", "h_tk_grouped", "grouped-experts"),
     Pair("loop → grouped experts", "Qwen3-30B widths (transformers), H100", "h_qwen3w_eager", "h_qwen3w_grouped",
          "grouped-experts"),
+    # the same and OLMoE widths on another H100 with every unprofiled round before the profiled blocks
+    # (whatif_pairs.py --profile-at end; 2026-12-06): nothing ran after a profiler window
+    Pair("CUDA graphs", "built-in MoE decoder, H100, profiled last", "e_tk_grouped", "e_tk_grouped_graph", "cuda-graph"),
+    Pair("host syncs removed", "built-in MoE decoder, H100, profiled last", "e_tk_grouped_sync", "e_tk_grouped", "no-host-sync"),
+    Pair("host syncs removed, then CUDA graphs", "built-in MoE decoder, H100, profiled last", "e_tk_grouped_sync",
+         "e_tk_grouped_graph", "no-host-sync+cuda-graph"),
+    Pair("loop → grouped experts", "built-in MoE decoder, H100, profiled last", "e_tk_loop", "e_tk_grouped", "grouped-experts"),
+    Pair("loop → grouped experts", "Qwen3-30B widths (transformers), H100, profiled last", "e_qwen3w_eager",
+         "e_qwen3w_grouped", "grouped-experts"),
+    Pair("loop → grouped experts", "OLMoE widths (transformers), H100, profiled last", "e_olmoew_eager",
+         "e_olmoew_grouped", "grouped-experts"),
     # the 2 x H200 acceptance captures (tests/fixtures/gpu: GLM-5-shaped built-in workload, TP 2, serving loop)
     Pair("loop → grouped experts", "built-in GLM-5 shape, TP 2 (2 x H200)", "gpu:loop", "gpu:grouped", "grouped-experts"),
 ]
