@@ -77,11 +77,11 @@ def test_structural_targets(rows: list[dict[str, Any]]) -> None:
     k = _by_kind(rows)
     graphs = k["cuda-graph"] + k["no-host-sync+cuda-graph"]
     assert all(abs(r["error"]) <= 0.10 for r in graphs if _repeats(r, 0.10))
-    assert sum(_repeats(r, 0.10) for r in graphs) >= 4
+    assert sum(_repeats(r, 0.10) for r in graphs) >= 6  # H200, host A and the H100 run profiled last
     # the H100 run's eager rounds drifted 25-45 % across its profiler window: within 1.5 x its ratio spread
     assert all(abs(r["error"]) <= max(0.10, 1.5 * r["measured"]["ratio_spread"]) for r in graphs)
     assert all(abs(r["error"]) <= 0.15 for r in k["no-host-sync"])
     grouped = k["grouped-experts"]
-    assert sum(abs(r["error"]) <= 0.20 for r in grouped) >= 5
+    assert len(grouped) >= 10 and sum(abs(r["error"]) <= 0.20 for r in grouped) >= 8
     assert all(abs(r["error"]) <= 0.24 for r in grouped)  # the known gap: docs/replay.md ("loop → grouped")
     assert all(r["predicted"]["ratio"] < 0.25 and r["measured"]["ratio"] < 0.25 for r in grouped)  # a 4-14x change
