@@ -375,25 +375,25 @@ def run_group(names: list[str], out: Path, a: argparse.Namespace) -> None:
     try:
         for n in names:  # the warm-up decodes every cache position the blocks reach (kernel plans per shape)
             prep[n](clocks[n], "warmup", steps(n), None)
-        at = a.rounds // 2 if a.profile_at == "middle" else a.rounds
-        for r in range(a.rounds + 1):
-            if r == at:
-                for n in names:
-                    prof = _profiler(dev == "cuda", bool(CASES[n].get("shapes")))
-                    k = min(int(CASES[n]["prof_steps"]), steps(n))
-                    prep[n](clocks[n], "profiled", k, prof)
-                    gc.enable()
-                    info[n]["export_s"] = _export(prof, out / f"{n}.trace.json.gz")
-                    gc.collect()
-                    gc.disable()
-                if r == a.rounds:
-                    break
+        def profiled() -> None:
+            for n in names:
+                prof = _profiler(dev == "cuda", bool(CASES[n].get("shapes")))
+                k = min(int(CASES[n]["prof_steps"]), steps(n))
+                prep[n](clocks[n], "profiled", k, prof)
+                gc.enable()
+                info[n]["export_s"] = _export(prof, out / f"{n}.trace.json.gz")
+                gc.collect()
+                gc.disable()
+
+        for r in range(a.rounds):
+            if a.profile_at == "middle" and r == a.rounds // 2:
+                profiled()
                 for n in names:  # steps right after a profiler window run slow (seen: 2x for ~6 steps): settle first
                     prep[n](clocks[n], "settle", steps(n), None)
-            if r == a.rounds:
-                break
             for n in (names if r % 2 == 0 else names[::-1]):
                 prep[n](clocks[n], f"u{r + 1}", steps(n), None)
+        if a.profile_at == "end":
+            profiled()
     finally:
         gc.enable()
     import transformers

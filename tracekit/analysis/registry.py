@@ -104,7 +104,10 @@ class Analysis:
     ``"window"`` for the window's rows (an analysis that cuts to the spans itself); ``order``:
     position of its sections in the JSON and of its finish; ``findings_first``: its candidates are
     listed before the others' (verdicts that replace a generic sentence of another analysis, e.g.
-    the interconnect verdict over the wait share), which decides the order of equal weights only."""
+    the interconnect verdict over the wait share), which decides the order of equal weights only;
+    ``fold``: optional, merges the parts of consecutive ranks (in rank order, None entries included) into one,
+    with ``finish(parts[:i] + [fold(parts[i:j])] + parts[j:]) == finish(parts)``: a reduce over many ranks then
+    holds one folded part per run of ranks (:class:`tracekit.analysis.stage.crossrank.PartsByAnalysis`)."""
 
     name: str
     sections: tuple[str, ...]

@@ -77,8 +77,11 @@ def p50(x: np.ndarray | pl.Series | list[float]) -> float:
     return quantile(x, 0.5)
 
 
-#: the step-table columns :func:`job_steps` reads (the others of a step table are never copied here)
-JOB_COLUMNS = ("rank", "start_ns", "step_ns", "mode", "tokens", "step_id", "batch_size", "dur_ns", "gpu_span_ns")
+#: the step-table columns :func:`job_steps` reads (the others of a step table are never copied here) and the type
+#: each optional one is read as (null where a table lacks it); ``rank``, ``start_ns``, ``step_ns`` are required
+_OPTIONAL_JOB_COLUMNS = {"mode": pl.String, "tokens": pl.Int64, "step_id": pl.Int64, "batch_size": pl.Int64,
+                         "dur_ns": pl.Int64, "gpu_span_ns": pl.Int64}
+JOB_COLUMNS = ("rank", "start_ns", "step_ns", *_OPTIONAL_JOB_COLUMNS)
 
 
 def job_steps(steps: pl.DataFrame) -> pl.DataFrame:
@@ -98,8 +101,7 @@ def job_steps(steps: pl.DataFrame) -> pl.DataFrame:
         return (pl.col(name).cast(dtype) if name in steps.columns else pl.lit(None, dtype)).alias(name)
 
     # only the columns read here: a step table of many ranks is not copied whole
-    st = steps.select("rank", "start_ns", "step_ns", col("mode", pl.String), col("tokens", pl.Int64), col("step_id", pl.Int64),
-                      col("batch_size", pl.Int64), col("dur_ns", pl.Int64), col("gpu_span_ns", pl.Int64),
+    st = steps.select(*[col(c, _OPTIONAL_JOB_COLUMNS[c]) if c in _OPTIONAL_JOB_COLUMNS else c for c in JOB_COLUMNS]
                       ).sort(["rank", "start_ns"]).with_columns(pl.int_range(pl.len()).over("rank").cast(pl.Int64).alias("job"))
     return (st.group_by("job").agg(pl.col("mode").drop_nulls().first(), pl.col("tokens").max(),
                                    pl.col("step_ns").max(), pl.col("start_ns").min(), pl.col("rank").n_unique().alias("ranks"),
