@@ -116,12 +116,24 @@ def _stoppable() -> bool:
     return _State.pending and _State.running and not _State.committed
 
 
+def _unwinding() -> bool:
+    """Whether the main thread is handling an exception (an ``except`` or ``finally`` block on its way out):
+    a Ctrl-C raised there would cut its cleanup short. Such an exception can itself be the Ctrl-C: pyarrow's
+    readers (``pyarrow.json.read_json``) catch SIGINT themselves, raise ``KeyboardInterrupt`` and send the
+    signal again, so this handler first sees that Ctrl-C while the ``KeyboardInterrupt`` unwinds, e.g. in the
+    ``finally`` that removes the command's temporary files (convert left its part directory). A second
+    Ctrl-C still raises at once."""
+    return sys.exc_info()[1] is not None
+
+
 def _on_sigint(signum: int, frame: Any) -> None:
     _State.count += 1
     if not (_State.running and not _State.committed) or _State.deferred:
         _State.pending = True  # between commands, the output published, or a resource being recorded: not now
         return
     _State.pending = True
+    if _State.count == 1 and _unwinding():
+        return  # already on its way out (the pending flag stops a loop that swallows the exception at its next check)
     if _State.count > 1 or not (_in_unsafe_call(frame) or _in_library_call(frame)):
         # plain Python code (tracekit, the standard library): as safe as anywhere; or the second Ctrl-C: now
         _raise()
@@ -145,8 +157,8 @@ def _on_return(frame: Any, event: str, arg: Any) -> None:
     if not _stoppable():
         sys.setprofile(None)
         return
-    if _State.deferred:
-        return  # held: deferred() raises on leaving
+    if _State.deferred or _unwinding():
+        return  # held: deferred() raises on leaving; a cleanup on the way out is not cut short
     if event != "return" or not (_unsafe(frame) or _third_party(_module_of(frame))):
         return
     if not _in_unsafe_call(frame.f_back) and not _in_library_call(frame.f_back):

@@ -44,3 +44,61 @@ def test_third_party_modules() -> None:
     assert not _interrupt._third_party("importlib._bootstrap")
     assert not _interrupt._third_party("tracekit.capture.orchestrate")
     assert not _interrupt._third_party("__main__")
+
+
+
+#: a command's body and cleanup as tracekit code (frames of a ``tracekit.`` module: the handler raises there)
+_COMMAND = """
+def run(body, done):
+    try:
+        body()
+    finally:
+        os.kill(os.getpid(), signal.SIGINT)  # the handler runs here, in the finally, as the exception unwinds
+        done.append("cleanup started")
+        done.append("cleanup finished")
+"""
+
+
+def _handler_run(body: Callable[[], None]) -> list[str]:
+    """Run ``body`` as a command's body with tracekit's SIGINT handler installed: the steps its cleanup reached."""
+    import os
+    import signal
+
+    ns: dict[str, Any] = {"__name__": "tracekit.fake_command", "os": os, "signal": signal}
+    exec(_COMMAND, ns)  # noqa: S102
+    done: list[str] = []
+    prev = _interrupt.install()
+    try:
+        with _interrupt.command():
+            ns["run"](body, done)
+    except KeyboardInterrupt:
+        done.append("interrupted")
+    finally:
+        _interrupt.restore(prev)
+    return done
+
+
+def test_a_ctrl_c_seen_while_an_interrupt_unwinds_does_not_cut_the_cleanup_short() -> None:
+    """pyarrow's readers catch SIGINT themselves, raise KeyboardInterrupt, and send the signal again: tracekit's
+    handler first sees that Ctrl-C in the ``finally`` that removes convert's part directory (a CI run found the
+    directory left behind). It must not raise a second KeyboardInterrupt there."""
+    def pyarrow_like() -> None:
+        raise KeyboardInterrupt
+
+    assert _handler_run(pyarrow_like) == ["cleanup started", "cleanup finished", "interrupted"]
+
+
+def test_a_second_ctrl_c_during_a_cleanup_still_raises_at_once() -> None:
+    import os
+    import signal
+
+    def first_ctrl_c() -> None:
+        os.kill(os.getpid(), signal.SIGINT)  # tracekit's handler raises KeyboardInterrupt (count 1)
+
+    # the second one (count 2), in the finally, stops the cleanup at once: the user insists
+    assert _handler_run(first_ctrl_c) == ["interrupted"]
+
+
+def test_without_an_exception_a_ctrl_c_in_the_cleanup_raises_at_once() -> None:
+    """Holding is only for a cleanup on the way out: a body that ended normally meets the Ctrl-C at once."""
+    assert _handler_run(lambda: None) == ["interrupted"]
