@@ -8,9 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +18,7 @@ from tracekit.report.palette import CATEGORY_COLORS, EXTRA_COLORS, contrast_rati
 from tracekit.report.timeline_html import build_payload, render_timeline
 from tracekit.schema import frame_from_rows, read_trace
 
-from ._util import BASE, CHROMIUM, FLAGS, MS, analysis_for, artifacts_dir, have_chromium, k, small_rows
+from ._util import BASE, chromium, MS, analysis_for, artifacts_dir, have_chromium, k, small_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU = ROOT / "tests/fixtures/gpu"
@@ -75,13 +72,8 @@ PROBE = """<script>
 </script>"""
 
 
-def _chromium(url: str, *args: str, timeout_s: float = 240.0) -> str:
-    ud = tempfile.mkdtemp(prefix="tk-layout-chrome-")
-    try:
-        cmd = [CHROMIUM, *FLAGS, f"--user-data-dir={ud}", "--virtual-time-budget=30000", f"--window-size={W},{H}", *args, url]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s).stdout
-    finally:
-        shutil.rmtree(ud, ignore_errors=True)
+def _chromium(url: str, *args: str) -> str:
+    return chromium(["--virtual-time-budget=30000", f"--window-size={W},{H}", *args], url)
 
 
 def _layout(html: Path, shot: Path) -> dict[str, Any]:
