@@ -37,7 +37,7 @@ def test_fixtures_are_small() -> None:
     files = list(HERE.glob("*.trace.parquet"))
     assert len(files) >= 20
     assert all(p.stat().st_size < 3_000_000 for p in files)
-    assert sum(p.stat().st_size for p in files) < 6_000_000
+    assert sum(p.stat().st_size for p in files) < 8_000_000  # 57 cases from five GPU hosts
 
 
 def test_accuracy_table_is_the_measured_one(rows: list[dict[str, Any]]) -> None:
@@ -77,11 +77,24 @@ def test_structural_targets(rows: list[dict[str, Any]]) -> None:
     k = _by_kind(rows)
     graphs = k["cuda-graph"] + k["no-host-sync+cuda-graph"]
     assert all(abs(r["error"]) <= 0.10 for r in graphs if _repeats(r, 0.10))
-    assert sum(_repeats(r, 0.10) for r in graphs) >= 6  # H200, host A and the H100 run profiled last
+    assert sum(_repeats(r, 0.10) for r in graphs) >= 8  # H200, host A and the two H100 runs profiled last
     # the H100 run's eager rounds drifted 25-45 % across its profiler window: within 1.5 x its ratio spread
     assert all(abs(r["error"]) <= max(0.10, 1.5 * r["measured"]["ratio_spread"]) for r in graphs)
     assert all(abs(r["error"]) <= 0.15 for r in k["no-host-sync"])
     grouped = k["grouped-experts"]
-    assert len(grouped) >= 10 and sum(abs(r["error"]) <= 0.20 for r in grouped) >= 8
+    assert len(grouped) >= 13 and sum(abs(r["error"]) <= 0.20 for r in grouped) >= 11
     assert all(abs(r["error"]) <= 0.24 for r in grouped)  # the known gap: docs/replay.md ("loop → grouped")
     assert all(r["predicted"]["ratio"] < 0.25 and r["measured"]["ratio"] < 0.25 for r in grouped)  # a 4-14x change
+
+
+def test_runs_profiled_last_meet_every_structural_target(rows: list[dict[str, Any]]) -> None:
+    """The runs whose unprofiled rounds all ran before any profiler window (``whatif_pairs.py --profile-at end``,
+    two H100 hosts; not used to fit anything): CUDA graphs within 10 %, syncs removed within 15 %, loop → grouped
+    within 20 %, the knobs within 3 %."""
+    last = [r for r in rows if "profiled last" in r["model"]]
+    k = _by_kind(last)
+    assert len(k["grouped-experts"]) >= 6 and len(k["cuda-graph"]) >= 2 and len(k["no-host-sync"]) >= 2
+    assert all(abs(r["error"]) <= 0.10 for r in k["cuda-graph"] + k["no-host-sync+cuda-graph"])
+    assert all(abs(r["error"]) <= 0.15 for r in k["no-host-sync"])
+    assert all(abs(r["error"]) <= 0.20 for r in k["grouped-experts"])
+    assert k["knob"] and all(abs(r["error"]) <= 0.03 for r in k["knob"])

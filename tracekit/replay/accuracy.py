@@ -1,7 +1,7 @@
 """How far replay's predictions were from changes actually made: the accuracy table of the what-if truth set.
 
-Measured by ``tests/replay/truth/pairs.py`` on one H200 and two H100s (the CUDA-graph knob pairs, the built-in and
-Qwen3-30B pairs again, and a run profiled after all its unprofiled rounds; ``docs/replay.md``, "Accuracy": what-if × model ×
+Measured by ``tests/replay/truth/pairs.py`` on one H200 and three H100s (the CUDA-graph knob pairs, the built-in and
+Qwen3-30B pairs again, and two runs profiled after all their unprofiled rounds; ``docs/replay.md``, "Accuracy": what-if × model ×
 measured × predicted × error × noise); ``tests/replay/test_truth.py`` recomputes the table and fails when these
 figures no longer match it. The fabric row comes from the 2 × H200 acceptance (``tracekit.replay.acceptance``: NCCL
 over NVLink ↔ host memory, knob and oracle). Errors are of the predicted step ratio against the measured one.
@@ -33,11 +33,11 @@ class Accuracy:
 
 #: kind -> accuracy (tests/replay/truth; see the module doc)
 ACCURACY: dict[str, Accuracy] = {a.kind: a for a in (
-    Accuracy("knob", 0.0248, 0.152, 11, 0.402),
-    Accuracy("cuda-graph", 0.0655, 0.161, 4, 0.288),
-    Accuracy("no-host-sync", 0.0426, 0.092, 4, 0.262),
-    Accuracy("no-host-sync+cuda-graph", 0.044, 0.111, 4, 0.262),
-    Accuracy("grouped-experts", 0.0824, 0.231, 10, 0.321),
+    Accuracy("knob", 0.0194, 0.152, 13, 0.402),
+    Accuracy("cuda-graph", 0.0616, 0.161, 5, 0.288),
+    Accuracy("no-host-sync", 0.0425, 0.092, 5, 0.262),
+    Accuracy("no-host-sync+cuda-graph", 0.0424, 0.111, 5, 0.262),
+    Accuracy("grouped-experts", 0.0733, 0.231, 13, 0.321),
     Accuracy("fabric", 0.052, 0.068, 4, 0.035),
 )}
 

@@ -90,6 +90,18 @@ PAIRS = [
          "e_qwen3w_grouped", "grouped-experts"),
     Pair("loop → grouped experts", "OLMoE widths (transformers), H100, profiled last", "e_olmoew_eager",
          "e_olmoew_grouped", "grouped-experts"),
+    # a third H100 host, profiled last again (2026-12-06, 16:10 UTC), with the Qwen3-235B-width knobs run eager
+    Pair("knob: expert width ½", "Qwen3-235B widths (MoE), H100 #3, profiled last", "f_qwen3big", "f_qwen3big_halfw", "knob:moe_gemm"),
+    Pair("knob: batch ×2", "Qwen3-235B widths (MoE), H100 #3, profiled last", "f_qwen3big", "f_qwen3big_bs128", "knob:all"),
+    Pair("CUDA graphs", "built-in MoE decoder, H100 #3, profiled last", "f_tk_grouped", "f_tk_grouped_graph", "cuda-graph"),
+    Pair("host syncs removed", "built-in MoE decoder, H100 #3, profiled last", "f_tk_grouped_sync", "f_tk_grouped", "no-host-sync"),
+    Pair("host syncs removed, then CUDA graphs", "built-in MoE decoder, H100 #3, profiled last", "f_tk_grouped_sync",
+         "f_tk_grouped_graph", "no-host-sync+cuda-graph"),
+    Pair("loop → grouped experts", "built-in MoE decoder, H100 #3, profiled last", "f_tk_loop", "f_tk_grouped", "grouped-experts"),
+    Pair("loop → grouped experts", "Qwen3-30B widths (transformers), H100 #3, profiled last", "f_qwen3w_eager",
+         "f_qwen3w_grouped", "grouped-experts"),
+    Pair("loop → grouped experts", "OLMoE widths (transformers), H100 #3, profiled last", "f_olmoew_eager",
+         "f_olmoew_grouped", "grouped-experts"),
     # the 2 x H200 acceptance captures (tests/fixtures/gpu: GLM-5-shaped built-in workload, TP 2, serving loop)
     Pair("loop → grouped experts", "built-in GLM-5 shape, TP 2 (2 x H200)", "gpu:loop", "gpu:grouped", "grouped-experts"),
 ]
