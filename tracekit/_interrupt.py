@@ -117,13 +117,13 @@ def _stoppable() -> bool:
 
 
 def _unwinding() -> bool:
-    """Whether the main thread is handling an exception (an ``except`` or ``finally`` block on its way out):
-    a Ctrl-C raised there would cut its cleanup short. Such an exception can itself be the Ctrl-C: pyarrow's
-    readers (``pyarrow.json.read_json``) catch SIGINT themselves, raise ``KeyboardInterrupt`` and send the
-    signal again, so this handler first sees that Ctrl-C while the ``KeyboardInterrupt`` unwinds, e.g. in the
-    ``finally`` that removes the command's temporary files (convert left its part directory). A second
-    Ctrl-C still raises at once."""
-    return sys.exc_info()[1] is not None
+    """Whether the main thread is handling a Ctrl-C already (an ``except`` or ``finally`` block on its way out
+    with a ``KeyboardInterrupt``): raising another there would cut its cleanup short. pyarrow's readers
+    (``pyarrow.json.read_json``) catch SIGINT themselves, raise ``KeyboardInterrupt`` and send the signal again,
+    so this handler first sees that Ctrl-C while their exception unwinds, e.g. in the ``finally`` that removes
+    convert's part directory (a CI run found it left behind). A second Ctrl-C still raises at once."""
+    e = sys.exc_info()[1]
+    return e is not None and is_interrupt(e)
 
 
 def _on_sigint(signum: int, frame: Any) -> None:
@@ -133,7 +133,7 @@ def _on_sigint(signum: int, frame: Any) -> None:
         return
     _State.pending = True
     if _State.count == 1 and _unwinding():
-        return  # already on its way out (the pending flag stops a loop that swallows the exception at its next check)
+        return  # already stopping: the cleanup on the way out runs whole
     if _State.count > 1 or not (_in_unsafe_call(frame) or _in_library_call(frame)):
         # plain Python code (tracekit, the standard library): as safe as anywhere; or the second Ctrl-C: now
         _raise()
@@ -158,7 +158,7 @@ def _on_return(frame: Any, event: str, arg: Any) -> None:
         sys.setprofile(None)
         return
     if _State.deferred or _unwinding():
-        return  # held: deferred() raises on leaving; a cleanup on the way out is not cut short
+        return  # held: deferred() raises on leaving; a cleanup on the way out of a Ctrl-C runs whole
     if event != "return" or not (_unsafe(frame) or _third_party(_module_of(frame))):
         return
     if not _in_unsafe_call(frame.f_back) and not _in_library_call(frame.f_back):
