@@ -44,6 +44,25 @@ class Pair:
     spec: str  # what-if spec, or knob:<category>[,<category>] / knob:all
 
 
+def _builtin(prefix: str, where: str) -> list[Pair]:
+    """The built-in decoder's four structural pairs of one run (cases ``<prefix>tk_*``)."""
+    m = f"built-in MoE decoder{where}"
+    return [
+        Pair("CUDA graphs", m, f"{prefix}tk_grouped", f"{prefix}tk_grouped_graph", "cuda-graph"),
+        Pair("host syncs removed", m, f"{prefix}tk_grouped_sync", f"{prefix}tk_grouped", "no-host-sync"),
+        Pair("host syncs removed, then CUDA graphs", m, f"{prefix}tk_grouped_sync", f"{prefix}tk_grouped_graph",
+             "no-host-sync+cuda-graph"),
+        Pair("loop → grouped experts", m, f"{prefix}tk_loop", f"{prefix}tk_grouped", "grouped-experts"),
+    ]
+
+
+def _loops(prefix: str, where: str, models: tuple[str, ...] = ("qwen3w", "olmoew")) -> list[Pair]:
+    """The transformers models' loop → grouped pairs of one run (cases ``<prefix><model>_eager/_grouped``)."""
+    label = {"qwen3w": "Qwen3-30B widths (transformers)", "olmoew": "OLMoE widths (transformers)"}
+    return [Pair("loop → grouped experts", label[m] + where, f"{prefix}{m}_eager", f"{prefix}{m}_grouped", "grouped-experts")
+            for m in models]
+
+
 PAIRS = [
     Pair("knob: expert width ½", "DeepSeek-V3 widths (MoE)", "dsv3f", "dsv3f_halfw", "knob:moe_gemm"),
     Pair("knob: expert width ½", "Qwen3-235B widths (MoE)", "qwen3big", "qwen3big_halfw", "knob:moe_gemm"),
@@ -57,51 +76,23 @@ PAIRS = [
     Pair("knob: MLP width ½", "Llama-3-70B widths (dense), CUDA graph", "llama70w_g", "llama70w_halfw_g", "knob:dense_gemm"),
     Pair("knob: batch ×2", "Qwen3-235B widths (MoE), CUDA graph", "qwen3big_g", "qwen3big_bs128_g", "knob:all"),
     Pair("knob: batch ×4", "Llama-3-70B widths (dense), CUDA graph", "llama70w_g", "llama70w_bs128_g", "knob:all"),
-    Pair("CUDA graphs", "built-in MoE decoder", "tk_grouped", "tk_grouped_graph", "cuda-graph"),
-    Pair("host syncs removed", "built-in MoE decoder", "tk_grouped_sync", "tk_grouped", "no-host-sync"),
-    Pair("host syncs removed, then CUDA graphs", "built-in MoE decoder", "tk_grouped_sync", "tk_grouped_graph",
-         "no-host-sync+cuda-graph"),
-    Pair("loop → grouped experts", "built-in MoE decoder", "tk_loop", "tk_grouped", "grouped-experts"),
-    Pair("loop → grouped experts", "Qwen3-30B widths (transformers)", "qwen3w_eager", "qwen3w_grouped", "grouped-experts"),
-    Pair("loop → grouped experts", "OLMoE widths (transformers)", "olmoew_eager", "olmoew_grouped", "grouped-experts"),
+    *_builtin("", ""),
+    *_loops("", ""),
     # the same built-in pairs from the first run (another machine, 1.76x faster host; blocks not interleaved)
-    Pair("CUDA graphs", "built-in MoE decoder, host A", "a_tk_grouped", "a_tk_grouped_graph", "cuda-graph"),
-    Pair("host syncs removed", "built-in MoE decoder, host A", "a_tk_grouped_sync", "a_tk_grouped", "no-host-sync"),
-    Pair("host syncs removed, then CUDA graphs", "built-in MoE decoder, host A", "a_tk_grouped_sync",
-         "a_tk_grouped_graph", "no-host-sync+cuda-graph"),
-    Pair("loop → grouped experts", "built-in MoE decoder, host A", "a_tk_loop", "a_tk_grouped", "grouped-experts"),
+    *_builtin("a_", ", host A"),
     # the built-in and Qwen3-30B pairs again, on one H100 (a later run, blocks interleaved; the rounds after the
     # profiled block ran 25-45 % slower than those before it, baseline and variant alike)
-    Pair("CUDA graphs", "built-in MoE decoder, H100", "h_tk_grouped", "h_tk_grouped_graph", "cuda-graph"),
-    Pair("host syncs removed", "built-in MoE decoder, H100", "h_tk_grouped_sync", "h_tk_grouped", "no-host-sync"),
-    Pair("host syncs removed, then CUDA graphs", "built-in MoE decoder, H100", "h_tk_grouped_sync",
-         "h_tk_grouped_graph", "no-host-sync+cuda-graph"),
-    Pair("loop → grouped experts", "built-in MoE decoder, H100", "h_tk_loop", "h_tk_grouped", "grouped-experts"),
-    Pair("loop → grouped experts", "Qwen3-30B widths (transformers), H100", "h_qwen3w_eager", "h_qwen3w_grouped",
-         "grouped-experts"),
+    *_builtin("h_", ", H100"),
+    *_loops("h_", ", H100", ("qwen3w",)),
     # the same and OLMoE widths on another H100 with every unprofiled round before the profiled blocks
     # (whatif_pairs.py --profile-at end; 2026-12-06): nothing ran after a profiler window
-    Pair("CUDA graphs", "built-in MoE decoder, H100, profiled last", "e_tk_grouped", "e_tk_grouped_graph", "cuda-graph"),
-    Pair("host syncs removed", "built-in MoE decoder, H100, profiled last", "e_tk_grouped_sync", "e_tk_grouped", "no-host-sync"),
-    Pair("host syncs removed, then CUDA graphs", "built-in MoE decoder, H100, profiled last", "e_tk_grouped_sync",
-         "e_tk_grouped_graph", "no-host-sync+cuda-graph"),
-    Pair("loop → grouped experts", "built-in MoE decoder, H100, profiled last", "e_tk_loop", "e_tk_grouped", "grouped-experts"),
-    Pair("loop → grouped experts", "Qwen3-30B widths (transformers), H100, profiled last", "e_qwen3w_eager",
-         "e_qwen3w_grouped", "grouped-experts"),
-    Pair("loop → grouped experts", "OLMoE widths (transformers), H100, profiled last", "e_olmoew_eager",
-         "e_olmoew_grouped", "grouped-experts"),
+    *_builtin("e_", ", H100, profiled last"),
+    *_loops("e_", ", H100, profiled last"),
     # a third H100 host, profiled last again (2026-12-06, 16:10 UTC), with the Qwen3-235B-width knobs run eager
     Pair("knob: expert width ½", "Qwen3-235B widths (MoE), H100 #3, profiled last", "f_qwen3big", "f_qwen3big_halfw", "knob:moe_gemm"),
     Pair("knob: batch ×2", "Qwen3-235B widths (MoE), H100 #3, profiled last", "f_qwen3big", "f_qwen3big_bs128", "knob:all"),
-    Pair("CUDA graphs", "built-in MoE decoder, H100 #3, profiled last", "f_tk_grouped", "f_tk_grouped_graph", "cuda-graph"),
-    Pair("host syncs removed", "built-in MoE decoder, H100 #3, profiled last", "f_tk_grouped_sync", "f_tk_grouped", "no-host-sync"),
-    Pair("host syncs removed, then CUDA graphs", "built-in MoE decoder, H100 #3, profiled last", "f_tk_grouped_sync",
-         "f_tk_grouped_graph", "no-host-sync+cuda-graph"),
-    Pair("loop → grouped experts", "built-in MoE decoder, H100 #3, profiled last", "f_tk_loop", "f_tk_grouped", "grouped-experts"),
-    Pair("loop → grouped experts", "Qwen3-30B widths (transformers), H100 #3, profiled last", "f_qwen3w_eager",
-         "f_qwen3w_grouped", "grouped-experts"),
-    Pair("loop → grouped experts", "OLMoE widths (transformers), H100 #3, profiled last", "f_olmoew_eager",
-         "f_olmoew_grouped", "grouped-experts"),
+    *_builtin("f_", ", H100 #3, profiled last"),
+    *_loops("f_", ", H100 #3, profiled last"),
     # the 2 x H200 acceptance captures (tests/fixtures/gpu: GLM-5-shaped built-in workload, TP 2, serving loop)
     Pair("loop → grouped experts", "built-in GLM-5 shape, TP 2 (2 x H200)", "gpu:loop", "gpu:grouped", "grouped-experts"),
 ]
