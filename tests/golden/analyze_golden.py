@@ -145,8 +145,19 @@ def write(case: str, doc: dict[str, Any]) -> None:
 
 
 def main(argv: list[str]) -> int:
+    if any(a in ("-h", "--help") for a in argv):
+        print((__doc__ or "").strip())
+        return 0
+    flags = [a for a in argv if a.startswith("-")]
+    if set(flags) - {"--check"}:
+        print(f"analyze_golden.py: unknown option {sorted(set(flags) - {'--check'})[0]} (only --check, or case names)", file=sys.stderr)
+        return 2
     check = "--check" in argv
-    names = [a for a in argv if not a.startswith("--")] or sorted(CASES)
+    names = [a for a in argv if not a.startswith("-")] or sorted(CASES)
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        print(f"analyze_golden.py: no case {unknown[0]!r} (see CASES)", file=sys.stderr)
+        return 2
     bad = 0
     with tempfile.TemporaryDirectory() as td:
         for case in names:
