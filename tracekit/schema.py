@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import stat
 import tempfile
 from pathlib import Path
@@ -531,10 +532,30 @@ def read_metadata(path: str | os.PathLike[str]) -> TraceMeta:
     try:
         md = pq.read_metadata(p).metadata or {}
     except Exception as e:  # noqa: BLE001
+        src = _profiler_source(p)
+        if src is not None:
+            raise InputError(f"{p}: is {src}, not a trace.parquet; convert it first: tracekit convert {shlex.quote(str(p))} -o trace.parquet") from None
         raise InputError(f"{p}: not a Parquet file ({type(e).__name__}); pass a trace.parquet written by tracekit") from None
     if md.get(META_KEY) is None and PART_KEY in md:
         raise InputError(f"{p}: is one partition of a tracekit dataset, not a trace; pass the dataset directory {p.parent.parent}")
     return _parse_meta(p, md.get(META_KEY))
+
+
+def _profiler_source(p: Path) -> str | None:
+    """What a file that ``tracekit convert`` reads looks like from its first bytes (a user who passes the profiler's
+    output to ``analyze`` is told to convert it): gzip, JSON, an Nsight Systems SQLite export; None otherwise."""
+    try:
+        with open(p, "rb") as f:
+            head = f.read(64)
+    except OSError:
+        return None
+    if head.startswith(b"\x1f\x8b"):
+        return "gzip-compressed (a profiler's JSON trace?)"
+    if head.startswith(b"SQLite format 3\x00"):
+        return "an SQLite database (an Nsight Systems export?)"
+    if head.lstrip(b" \t\r\n\xef\xbb\xbf")[:1] in (b"{", b"["):
+        return "JSON (a profiler's trace?)"
+    return None
 
 
 def _parse_meta(p: Path, raw: bytes | None) -> TraceMeta:

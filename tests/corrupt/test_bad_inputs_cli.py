@@ -215,7 +215,7 @@ PARQUET_CASES = {
     "plain_parquet": (_plain_parquet, ("plain.parquet", "without tracekit metadata", "tracekit convert")),
     "truncated_parquet": (_truncated_parquet, ("half.parquet", "not a parquet file")),
     "footer_but_not_trace": (_footer_but_not_trace, ("other.parquet", "missing", "rank", "tracekit convert")),
-    "json_given_to_analyze": (_json_given_to_analyze, ("rank0.json", "not a parquet file")),
+    "json_given_to_analyze": (_json_given_to_analyze, ("rank0.json", "is json", "not a trace.parquet", "tracekit convert")),
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -143,6 +144,9 @@ def test_older_file_missing_columns_loads_with_nulls(tmp_path: Path) -> None:
     [
         (lambda p: None, "no such file"),
         (lambda p: p.write_text("hello"), "not a Parquet file"),
+        (lambda p: p.write_text('\n {"traceEvents": []}'), "is JSON .*convert it first: tracekit convert"),
+        (lambda p: p.write_bytes(gzip.compress(b'{"traceEvents": []}')), "is gzip-compressed .*tracekit convert"),
+        (lambda p: p.write_bytes(b"SQLite format 3\x00" + bytes(84)), "is an SQLite database .*tracekit convert"),
         (lambda p: pq.write_table(pa.table({"a": [1]}), p), "without tracekit metadata"),
     ],
 )
