@@ -46,7 +46,6 @@ def test_third_party_modules() -> None:
     assert not _interrupt._third_party("__main__")
 
 
-
 #: a command's body and cleanup as tracekit code (frames of a ``tracekit.`` module: the handler raises there)
 _COMMAND = """
 def run(body, done):
