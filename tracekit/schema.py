@@ -418,8 +418,10 @@ class TraceWriter:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, force: bool = False, row_group_size: int = 1 << 20,
-                 label: str | None = None, final: bool = True, part_rank: int | None = None) -> None:
+                 label: str | None = None, final: bool = True, part_rank: int | None = None,
+                 compression: str = "zstd") -> None:
         """``label``: the file errors name (default ``path``), e.g. the output a staging file becomes;
+        ``compression``: Parquet's codec (zstd: the smallest files; lz4 for a file read once, right away);
         ``final``: False for a staging file (its close is not the command's commit, see :class:`atomic_path`);
         ``part_rank``: the file is rank ``part_rank``'s partition of a directory dataset (its footer says so
         under :data:`PART_KEY`; the dataset's metadata is written once, by :func:`write_dataset_meta`)."""
@@ -429,6 +431,7 @@ class TraceWriter:
         self._tmp = self._atomic.__enter__()
         self._writer: pq.ParquetWriter | None = None
         self._row_group_size = row_group_size
+        self._compression = compression
         self.rows = 0
         #: row groups written so far (each :meth:`write` adds ceil(rows / row_group_size))
         self.row_groups = 0
@@ -440,7 +443,8 @@ class TraceWriter:
         try:
             if self._writer is None:
                 self._writer = pq.ParquetWriter(
-                    self._tmp, ARROW_SCHEMA, compression="zstd", use_dictionary=DICT_COLUMNS, write_statistics=STATS_COLUMNS
+                    self._tmp, ARROW_SCHEMA, compression=self._compression, use_dictionary=DICT_COLUMNS,
+                    write_statistics=STATS_COLUMNS,
                 )
             self._writer.write_table(tbl, row_group_size=self._row_group_size)
         except OSError as e:
@@ -459,7 +463,7 @@ class TraceWriter:
         meta["schema_version"] = SCHEMA_VERSION
         try:
             if self._writer is None:
-                self._writer = pq.ParquetWriter(self._tmp, ARROW_SCHEMA, compression="zstd")
+                self._writer = pq.ParquetWriter(self._tmp, ARROW_SCHEMA, compression=self._compression)
             if self._part_rank is None:
                 self._writer.add_key_value_metadata({META_KEY.decode(): json.dumps(meta, default=str)})
             else:
@@ -532,7 +536,7 @@ def read_metadata(path: str | os.PathLike[str]) -> TraceMeta:
     try:
         md = pq.read_metadata(p).metadata or {}
     except Exception as e:  # noqa: BLE001
-        src = _profiler_source(p)
+        src = profiler_source(p)
         if src is not None:
             raise InputError(f"{p}: is {src}, not a trace.parquet; convert it first: tracekit convert {shlex.quote(str(p))} -o trace.parquet") from None
         raise InputError(f"{p}: not a Parquet file ({type(e).__name__}); pass a trace.parquet written by tracekit") from None
@@ -541,7 +545,7 @@ def read_metadata(path: str | os.PathLike[str]) -> TraceMeta:
     return _parse_meta(p, md.get(META_KEY))
 
 
-def _profiler_source(p: Path) -> str | None:
+def profiler_source(p: Path) -> str | None:
     """What a file that ``tracekit convert`` reads looks like from its first bytes (a user who passes the profiler's
     output to ``analyze`` is told to convert it): gzip, JSON, an Nsight Systems SQLite export; None otherwise."""
     try:

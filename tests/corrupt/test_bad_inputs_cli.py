@@ -206,16 +206,11 @@ def _footer_but_not_trace(t: Path, good: Path) -> Path:
     return f
 
 
-def _json_given_to_analyze(t: Path, good: Path) -> Path:
-    return dump({"traceEvents": []}, t / "rank0.json")
-
-
 PARQUET_CASES = {
     "newer_schema": (_newer_schema, ("newer.parquet", "schema_version 2", "upgrade tracekit")),
     "plain_parquet": (_plain_parquet, ("plain.parquet", "without tracekit metadata", "tracekit convert")),
     "truncated_parquet": (_truncated_parquet, ("half.parquet", "not a parquet file")),
     "footer_but_not_trace": (_footer_but_not_trace, ("other.parquet", "missing", "rank", "tracekit convert")),
-    "json_given_to_analyze": (_json_given_to_analyze, ("rank0.json", "is json", "not a trace.parquet", "tracekit convert")),
 }
 
 

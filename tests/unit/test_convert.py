@@ -269,3 +269,24 @@ def test_jobs_workers_share_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("POLARS_MAX_THREADS", "3")
     init_worker(1)
     assert (os.environ["TRACEKIT_PARSE_THREADS"], os.environ["POLARS_MAX_THREADS"]) == ("7", "3")
+
+
+@needs_traces
+@pytest.mark.parametrize("layout_ranks", [1, 2])
+def test_compression_changes_the_codec_not_the_trace(layout_ranks: int, tmp_path: Path) -> None:
+    """``compression="lz4"`` (the temporary file of ``tracekit analyze trace.json``): same rows and metadata, lz4 codec;
+    one rank (the staged file is the output) and two (a second pass writes the output)."""
+    import pyarrow.parquet as pq
+
+    src = HTA / "trace_filter" / "sampled_rank-0.json.gz"
+    inputs = [src] if layout_ranks == 1 else [src, HTA / "trace_filter" / "sampled_rank-1.json.gz"]
+    outs = {}
+    for codec in ("zstd", "lz4"):
+        out = tmp_path / f"{codec}.parquet"
+        convert(inputs, out, compression=codec)
+        md = pq.ParquetFile(out).metadata
+        assert {md.row_group(i).column(j).compression for i in range(md.num_row_groups) for j in range(md.num_columns)} == {codec.upper()}
+        outs[codec] = read_trace(out)
+    assert_frame_equal(outs["zstd"][0], outs["lz4"][0])
+    a, b = ({k: v for k, v in m.items() if k not in ("convert_s", "created_unix", "output")} for m in (outs["zstd"][1], outs["lz4"][1]))
+    assert a == b

@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
     @app.command("analyze")
     @handle_errors
     def analyze_cmd(
-        trace: Path = typer.Argument(..., readable=False, help="trace.parquet written by `tracekit capture` or `tracekit convert`."),
+        trace: Path = typer.Argument(..., readable=False, help="trace.parquet (from `tracekit capture` or `tracekit convert`), or a profiler's trace: Kineto JSON(.gz), nsys SQLite, or a directory of them, converted for this run."),
         as_json: bool = typer.Option(False, "--json", help="Print the stable JSON object (docs/analyze_json.md)."),
         window: Optional[str] = typer.Option(None, "--window", help="Time range relative to capture start, e.g. 12.30s:12.45s."),
         skip_steps: int = typer.Option(0, "--skip-steps", help="Ignore the first N profiled steps."),
@@ -53,41 +53,51 @@ def register(app: typer.Typer) -> None:
             note_input(trace)
             check_output_path(html, force=force)
         opts = dict(window=window, skip_steps=skip_steps, trim_transient=not no_trim, top=top, steps_from=steps_from)
-        if cluster is None:
-            if keep_going:
-                from tracekit.api import analyze_kept
-
-                result = analyze_kept(trace, **opts)  # type: ignore[arg-type]
-            else:
-                result = analyze_result(trace, **opts)  # type: ignore[arg-type]
-        else:
+        if cluster is not None:  # the workers read the path: a profiler's JSON is converted first (the error says how)
             from tracekit.cluster.analyze import analyze_cluster
             from tracekit.cluster.engine import cluster_client
 
             with cluster_client(cluster) as client:
                 result = analyze_cluster(client, trace, keep_going=keep_going, **opts)
-            result = result.with_trace(str(trace))
-        _interrupt.check("analyze")
-        failed = _left_out(trace, result) if keep_going else []
-        if html is not None:
-            from tracekit.schema import read_trace
+            _report(trace, trace, result.with_trace(str(trace)), keep_going, html, force, as_json, width)
+            return
+        from tracekit.commands._source import trace_source
 
-            from tracekit.report.timeline_data import views_analysis
-            from tracekit.report.timeline_html import render_timeline
+        with trace_source(trace) as parquet:  # a profiler's JSON: converted for this run, in this process
+            if keep_going:
+                from tracekit.api import analyze_kept
 
-            df, meta = read_trace(trace, ranks=_analyzed_ranks(trace, failed) if failed else None)
-            render_timeline(df, meta, views_analysis(result), html, force=force)
-        if as_json:
-            json.dump(result.to_json(), sys.stdout, indent=1, default=str)
-            sys.stdout.write("\n")
-        else:
-            from tracekit.report.terminal import render_analysis
+                result = analyze_kept(parquet, **opts)  # type: ignore[arg-type]
+            else:
+                result = analyze_result(parquet, **opts)  # type: ignore[arg-type]
+            _report(trace, parquet, result.with_trace(str(trace)), keep_going, html, force, as_json, width)
 
-            render_analysis(result.sections, width=width)
-        if failed:  # --keep-going: the answer is written, but it is not the whole capture (as convert --keep-going)
-            print(f"tracekit: error: {len(failed)} rank(s) failed (rank {', '.join(map(str, failed))}); the result covers "
-                  "the other ranks, flagged rank_failed", file=sys.stderr)
-            raise typer.Exit(2)
+
+def _report(trace: Path, parquet: Path, result: AnalysisResult, keep_going: bool, html: Optional[Path], force: bool,
+            as_json: bool, width: Optional[int]) -> None:
+    """Write the answer: the timeline HTML (``--html``), then the JSON or the report; exit 2 when ``--keep-going``
+    left ranks out. ``parquet``: the trace read (``trace`` itself, or its conversion for this run)."""
+    _interrupt.check("analyze")
+    failed = _left_out(parquet, result) if keep_going else []
+    if html is not None:
+        from tracekit.schema import read_trace
+
+        from tracekit.report.timeline_data import views_analysis
+        from tracekit.report.timeline_html import render_timeline
+
+        df, meta = read_trace(parquet, ranks=_analyzed_ranks(parquet, failed) if failed else None)
+        render_timeline(df, meta, views_analysis(result), html, force=force)
+    if as_json:
+        json.dump(result.to_json(), sys.stdout, indent=1, default=str)
+        sys.stdout.write("\n")
+    else:
+        from tracekit.report.terminal import render_analysis
+
+        render_analysis(result.sections, width=width)
+    if failed:  # --keep-going: the answer is written, but it is not the whole capture (as convert --keep-going)
+        print(f"tracekit: error: {len(failed)} rank(s) failed (rank {', '.join(map(str, failed))}); the result covers "
+              "the other ranks, flagged rank_failed", file=sys.stderr)
+        raise typer.Exit(2)
 
 
 def _left_out(trace: Path, result: AnalysisResult) -> list[int]:

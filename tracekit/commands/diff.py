@@ -31,8 +31,8 @@ def register(app: typer.Typer) -> None:
     @app.command("diff")
     @handle_errors
     def diff(
-        before: Path = typer.Argument(..., readable=False, help="Baseline trace.parquet."),
-        after: Path = typer.Argument(..., readable=False, help="Changed trace.parquet."),
+        before: Path = typer.Argument(..., readable=False, help="Baseline trace.parquet (or a profiler trace, converted for this run)."),
+        after: Path = typer.Argument(..., readable=False, help="Changed trace.parquet (or a profiler trace, converted for this run)."),
         as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON on stdout."),
         html_out: Optional[Path] = typer.Option(None, "--html", help="Also write a self-contained HTML page here."),
         force: bool = typer.Option(False, "--force", help="Overwrite the --html file."),
@@ -64,15 +64,21 @@ def register(app: typer.Typer) -> None:
             from tracekit.schema import check_output_path
 
             check_output_path(html_out, force=force)  # not a device, FIFO or directory
-        # each run is its analysis result: the windows, steps, tokens/s and collective waits `analyze` reports
-        results = [analyze_result(p) for p in (before, after)]
-        for r in results:
-            warn_read_flags(r.meta)
-        runs = [summarize_result(r, label=n, counters=_counters(p)) for r, p, n in zip(results, (before, after), names)]
+        from contextlib import ExitStack
+
+        from tracekit.commands._source import trace_source
         from tracekit.schema import read_metadata
 
-        res = diff_runs(runs[0], runs[1], labels=names, top=top,  # metadata: device / format / shape comparability notes
-                        before_meta=read_metadata(before), after_meta=read_metadata(after))
+        with ExitStack() as stack:  # a profiler's JSON: converted for this run
+            paths = [stack.enter_context(trace_source(p)) for p in (before, after)]
+            # each run is its analysis result: the windows, steps, tokens/s and collective waits `analyze` reports
+            results = [analyze_result(p) for p in paths]
+            for r in results:
+                warn_read_flags(r.meta)
+            runs = [summarize_result(r, label=n, counters=_counters(p)) for r, p, n in zip(results, paths, names)]
+            # metadata: device / format / shape comparability notes
+            res = diff_runs(runs[0], runs[1], labels=names, top=top,
+                            before_meta=read_metadata(paths[0]), after_meta=read_metadata(paths[1]))
         if html_out is not None:
             from tracekit.report.diff_html import render_html
 

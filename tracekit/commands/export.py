@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
     @app.command("export")
     @handle_errors
     def export_cmd(
-        trace: Path = typer.Argument(..., readable=False, help="trace.parquet written by `tracekit capture` or `tracekit convert`."),
+        trace: Path = typer.Argument(..., readable=False, help="trace.parquet (from `tracekit capture` or `tracekit convert`), or a profiler's trace: Kineto JSON(.gz), nsys SQLite, or a directory of them, converted for this run."),
         perfetto: Optional[Path] = typer.Option(
             None, "--perfetto", help="Write a merged multi-rank Chrome-JSON trace (*.json or *.json.gz) for ui.perfetto.dev."),
         cpu: bool = typer.Option(False, "--cpu", help="Also export CPU ops / runtime calls with launch → kernel flows."),
@@ -30,7 +30,7 @@ def register(app: typer.Typer) -> None:
         from tracekit._errors import UsageError
         from tracekit.commands.timeline import _analysis
         from tracekit.report.perfetto import export_perfetto
-        from tracekit.schema import read_trace
+        from tracekit.commands._source import load_trace
 
         if perfetto is None:
             raise UsageError("export: choose a format, e.g. --perfetto out.json.gz")
@@ -38,7 +38,7 @@ def register(app: typer.Typer) -> None:
 
         note_input(trace)
         check_output_path(perfetto, force=force)  # not the input, a device, a FIFO or a directory
-        df, meta = read_trace(trace)
+        df, meta = load_trace(trace)  # a profiler's JSON: converted for this run
         warn_read_flags(meta)
         _interrupt.check("export")
         analysis = None if no_analysis else _analysis(df, meta)

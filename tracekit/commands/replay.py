@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
     @app.command("replay")
     @handle_errors
     def replay_cmd(
-        trace: Path = typer.Argument(..., readable=False, help="trace.parquet of the baseline run."),
+        trace: Path = typer.Argument(..., readable=False, help="trace.parquet of the baseline run, or its profiler trace (Kineto JSON(.gz), nsys SQLite, a directory of them), converted for this run."),
         what_if: List[str] = typer.Option(
             [], "--what-if", "-w",
             help="Scenario (repeatable): moe_gemm=0.33 | re:fused_moe.*=0.5 | allreduce=bw:400GB/s,lat:5us | "
@@ -36,15 +36,16 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Replay a trace's dependency graph and predict step time and tokens/s under what-ifs."""
         from tracekit.replay import replay
-        from tracekit.schema import atomic_path, check_output_path, read_trace
+        from tracekit.commands._source import load_trace
+        from tracekit.schema import atomic_path, check_output_path
 
         if width is not None:
             at_least("--width", width, 40)
-        df, meta = read_trace(trace)
+        df, meta = load_trace(trace)  # a profiler's JSON: converted for this run
         warn_read_flags(meta)
         target = None
         if durations_from is not None:
-            target, target_meta = read_trace(durations_from)
+            target, target_meta = load_trace(durations_from)
             warn_read_flags(target_meta)
         if out is not None:  # before the work: --out is never one of the traces just read, a device or a directory
             check_output_path(out, force=force)

@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
     @app.command("timeline")
     @handle_errors
     def timeline_cmd(
-        trace: Path = typer.Argument(..., readable=False, help="trace.parquet written by `tracekit capture` or `tracekit convert`."),
+        trace: Path = typer.Argument(..., readable=False, help="trace.parquet (from `tracekit capture` or `tracekit convert`), or a profiler's trace: Kineto JSON(.gz), nsys SQLite, or a directory of them, converted for this run."),
         out: Path = typer.Option(..., "-o", "--out", help="Output HTML file (self-contained, works offline)."),
         window: Optional[str] = typer.Option(
             None, "--window", help="Detail window relative to capture start, e.g. 12.30s:12.45s (units ns/us/ms/s)."),
@@ -46,7 +46,7 @@ def register(app: typer.Typer) -> None:
         representative steps, or around the worst stall)."""
         from tracekit._errors import UsageError
         from tracekit.report.timeline_html import render_timeline
-        from tracekit.schema import read_trace
+        from tracekit.commands._source import load_trace
 
         at_least("--max-segments", max_segments, 0)
         if window is not None and step is not None:
@@ -55,7 +55,7 @@ def register(app: typer.Typer) -> None:
 
         note_input(trace)
         check_output_path(out, force=force)  # not the input, a device, a FIFO or a directory
-        df, meta = read_trace(trace)
+        df, meta = load_trace(trace)  # a profiler's JSON: converted for this run
         warn_read_flags(meta)
         _interrupt.check("timeline")
         analysis = None if no_analysis else _analysis(df, meta)

@@ -193,10 +193,12 @@ class _Stager:
     error or an interrupt in the main thread never waits for a whole rank.
     """
 
-    def __init__(self, path: str, part_dir: str, out_label: str, rules: RuleSet, extra: pl.DataFrame | None, merge_extra: bool) -> None:
+    def __init__(self, path: str, part_dir: str, out_label: str, rules: RuleSet, extra: pl.DataFrame | None, merge_extra: bool,
+                 compression: str = "zstd") -> None:
         self.path, self.part_dir, self.out_label, self.rules = path, part_dir, out_label, rules
         self.extra, self.merge_extra = extra, merge_extra
-        self.w = TraceWriter(path, force=True, label=out_label, final=False)
+        # the staged file becomes the output when its ranks can stay as written: the output's codec
+        self.w = TraceWriter(path, force=True, label=out_label, final=False, compression=compression)
         self._thread: threading.Thread | None = None
         #: set when the writer thread ends; waited on instead of join()/is_alive(): an exception (Ctrl-C) raised
         #: inside Thread.join can leave a running thread marked stopped on CPython 3.11 (bpo-45274)
@@ -416,6 +418,8 @@ class _Conversion:
     keep_going: bool
     #: the capture's rows (``extra_frames``) as one frame, or None
     extra: pl.DataFrame | None
+    #: the output file's Parquet codec (:func:`convert`)
+    compression: str = "zstd"
     #: the temporary part directory, once created
     part_dir: str | None = None
     #: ``jobs=1`` file output: the staged file, until it is the output or closed for a second pass
@@ -483,6 +487,7 @@ def convert(
     layout: str = "file",
     executor: Executor | None = None,
     keep_going: bool = False,
+    compression: str = "zstd",
 ) -> ConvertResult:
     """Convert one capture's sources into ``out`` (see module docstring).
 
@@ -496,7 +501,9 @@ def convert(
     ``rules``: a rules file path (extends the defaults). ``extra_frames``:
     schema rows from the capture (step records, counters, markers) merged by
     rank. ``metadata``: merged into the footer metadata. ``steps_from``: a regex;
-    ranges matching it are the steps instead of the built-in grammar (tracekit.steplabels).
+    ranges matching it are the steps instead of the built-in grammar (tracekit.steplabels). ``compression``: the
+    output file's Parquet codec (``layout="file"``): zstd, or lz4 for a trace.parquet read once and removed (a
+    profiler trace given to ``analyze``: ``tracekit.commands._source``).
     """
     t0 = time.perf_counter()
     tune_runtime()
@@ -507,7 +514,8 @@ def convert(
     quality = _check_output(out, layout, force, skipped)
     out_dir = str(out.parent if str(out.parent) else ".")
     remove_stale_parts(out_dir)  # left by killed conversions (tracekit.ingest.staging)
-    conv = _Conversion(out, force, layout, rules_path, steps_from, executor, keep_going, _capture_rows(extra_frames))
+    conv = _Conversion(out, force, layout, rules_path, steps_from, executor, keep_going, _capture_rows(extra_frames),
+                       compression=compression)
     try:
         part_dir = conv.make_part_dir(out_dir)
         prog = _Progress(progress, len(sources), on_progress)
@@ -553,7 +561,8 @@ def _read_sources(conv: _Conversion, sources: list[Source], part_dir: str, jobs:
     # rank is read; the staged file becomes the output unless a second pass is needed (_write_output)
     rules_set = dataclasses.replace(load_rules(conv.rules_path) if conv.rules_path else load_rules(None), steps_from=conv.steps_from)
     windows = any(s.window is not None for s in sources)
-    conv.stager = _Stager(os.path.join(part_dir, "stage.parquet"), part_dir, str(conv.out), rules_set, conv.extra, merge_extra=not windows)
+    conv.stager = _Stager(os.path.join(part_dir, "stage.parquet"), part_dir, str(conv.out), rules_set, conv.extra, merge_extra=not windows,
+                          compression=conv.compression)
     _stage_serially(conv.stager, sources, prog, conv.keep_going, conv.failed)
     conv.stager.wait_summary()  # the last rank's rows are still being written while clocks are aligned
     return conv.stager.metas
@@ -640,7 +649,7 @@ def _rewrite(conv: _Conversion, metas: list[dict[str, Any]], ranks: list[int], o
     rows = 0
     first: int | None = None
     last: int | None = None
-    with TraceWriter(conv.out, force=conv.force) as w:
+    with TraceWriter(conv.out, force=conv.force, compression=conv.compression) as w:
         for r in ranks:
             _interrupt.check("rank")
             parts = sorted((m for m in metas if m["rank"] == r), key=lambda m: (m.get("window") or 0, m.get("first_ts_ns") or 0))

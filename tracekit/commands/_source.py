@@ -1,0 +1,65 @@
+"""A profiler's own output given where a trace.parquet is expected: converted for this command, then removed.
+
+Contract of :func:`trace_source`: a ``trace.parquet`` (or a tracekit dataset directory) is yielded as it is. A
+file that ``tracekit convert`` reads (a Kineto/Chrome JSON, plain or gzip, an Nsight Systems SQLite export) or a
+directory of such files (one capture's ranks, as HolisticTraceAnalysis takes a trace directory) is converted in
+this process into a temporary ``trace.parquet``, which is yielded and removed when the scope ends (also on an
+error or Ctrl-C). The input is only read. One line on stderr says so and names the command that keeps the
+Parquet for the next run.
+
+Why in-process: a user's first command is usually ``tracekit analyze trace.json.gz``; converting in the same
+process also saves the second interpreter start and library imports of running ``convert`` then ``analyze``
+(about 0.5 CPU-s). The temporary file is written with lz4, not zstd: it is read once, right away.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from tracekit.commands._common import say
+
+__all__ = ["trace_source", "load_trace", "needs_convert"]
+
+
+def needs_convert(path: Path) -> bool:
+    """Whether ``path`` is a profiler's output rather than a trace.parquet or a tracekit dataset."""
+    from tracekit.schema import is_dataset, profiler_source
+
+    if path.is_dir():
+        return not is_dataset(path)
+    return path.is_file() and profiler_source(path) is not None
+
+
+@contextmanager
+def trace_source(path: Path) -> Iterator[Path]:
+    """``path`` when it is a trace.parquet or dataset, else a temporary trace.parquet converted from it (module doc)."""
+    if not needs_convert(path):
+        yield path
+        return
+    from tracekit.ingest.convert import convert
+
+    tmp = Path(tempfile.mkdtemp(prefix="tracekit-convert-"))
+    try:
+        out = tmp / "trace.parquet"
+        res = convert([path], out, compression="lz4")  # read once, right away: the cheaper codec
+        ranks = f"{len(res.ranks)} rank" + ("s" if len(res.ranks) != 1 else "")
+        say(f"tracekit: {path}: converted for this run ({ranks}, {res.rows:,} rows); "
+            f"`tracekit convert {shlex.quote(str(path))}` saves it as trace.parquet for the next")
+        yield out
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_trace(path: Path) -> tuple[Any, dict[str, Any]]:
+    """``read_trace(path)`` (the whole trace in memory: timeline, export, replay) for a trace.parquet, a dataset
+    or a profiler's output (converted for this run by :func:`trace_source`, removed once read)."""
+    from tracekit.schema import read_trace
+
+    with trace_source(path) as parquet:
+        df, meta = read_trace(parquet)
+    return df, meta
