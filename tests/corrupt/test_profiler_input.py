@@ -144,3 +144,22 @@ def test_a_dataset_or_parquet_is_read_in_place(sources: dict[str, Path], tmpdir_
     assert os.path.exists(pq)
     shutil.copy(pq, tmpdir_env / "x.parquet")
     assert not needs_convert(tmpdir_env / "x.parquet")
+
+
+def test_keep_going_leaves_out_a_rank_that_cannot_be_converted(tmp_path: Path, tmpdir_env: Path) -> None:
+    """``analyze DIR --keep-going`` on rank files, one truncated: the other rank is analyzed, the broken one flagged
+    ``rank_failed`` and named on stderr, exit 2 (as ``convert --keep-going``); without the flag, the one-line error."""
+    need(TF0, TF1)
+    d = tmp_path / "ranks"
+    d.mkdir()
+    dump(with_rank(load(TF0), 0, 2), d / "rank0.json.gz")
+    raw = dump(with_rank(load(TF1), 1, 2), tmp_path / "rank1.json.gz").read_bytes()
+    (d / "rank1.json.gz").write_bytes(raw[: len(raw) // 3])
+    p = run("analyze", d, "--keep-going", "--json")
+    assert p.returncode == 2
+    got = json.loads(p.stdout)
+    assert [r["rank"] for r in got["ranks"]] == [0]
+    assert [q["rank"] for q in got["quality"] if q["code"] == "rank_failed"] == [1]
+    assert "1 rank(s) failed (rank 1)" in p.stderr
+    assert_clean_error(run("analyze", d), "rank 1", "rank1.json.gz", "truncated or corrupt gzip", code=2)
+    assert not list(tmpdir_env.iterdir())

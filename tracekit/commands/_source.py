@@ -36,8 +36,12 @@ def needs_convert(path: Path) -> bool:
 
 
 @contextmanager
-def trace_source(path: Path) -> Iterator[Path]:
-    """``path`` when it is a trace.parquet or dataset, else a temporary trace.parquet converted from it (module doc)."""
+def trace_source(path: Path, *, keep_going: bool = False) -> Iterator[Path]:
+    """``path`` when it is a trace.parquet or dataset, else a temporary trace.parquet converted from it (module doc).
+
+    ``keep_going`` (the command's ``--keep-going``): a rank that cannot be converted is left out and flagged
+    ``rank_failed`` (``failed_ranks`` in the metadata), as ``tracekit convert --keep-going`` does; the command
+    then reports it with the ranks its own analysis left out."""
     if not needs_convert(path):
         yield path
         return
@@ -46,7 +50,7 @@ def trace_source(path: Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix="tracekit-convert-"))
     try:
         out = tmp / "trace.parquet"
-        res = convert([path], out, compression="lz4")  # read once, right away: the cheaper codec
+        res = convert([path], out, compression="lz4", keep_going=keep_going)  # read once, right away: the cheaper codec
         ranks = f"{len(res.ranks)} rank" + ("s" if len(res.ranks) != 1 else "")
         say(f"tracekit: {path}: converted for this run ({ranks}, {res.rows:,} rows); "
             f"`tracekit convert {shlex.quote(str(path))}` saves it as trace.parquet for the next")

@@ -63,7 +63,7 @@ def register(app: typer.Typer) -> None:
             return
         from tracekit.commands._source import trace_source
 
-        with trace_source(trace) as parquet:  # a profiler's JSON: converted for this run, in this process
+        with trace_source(trace, keep_going=keep_going) as parquet:  # a profiler's JSON: converted for this run
             if keep_going:
                 from tracekit.api import analyze_kept
 
@@ -78,7 +78,7 @@ def _report(trace: Path, parquet: Path, result: AnalysisResult, keep_going: bool
     """Write the answer: the timeline HTML (``--html``), then the JSON or the report; exit 2 when ``--keep-going``
     left ranks out. ``parquet``: the trace read (``trace`` itself, or its conversion for this run)."""
     _interrupt.check("analyze")
-    failed = _left_out(parquet, result) if keep_going else []
+    failed = _left_out(parquet, result, converted=parquet != trace) if keep_going else []
     if html is not None:
         from tracekit.schema import read_trace
 
@@ -100,12 +100,13 @@ def _report(trace: Path, parquet: Path, result: AnalysisResult, keep_going: bool
         raise typer.Exit(2)
 
 
-def _left_out(trace: Path, result: AnalysisResult) -> list[int]:
+def _left_out(trace: Path, result: AnalysisResult, *, converted: bool = False) -> list[int]:
     """The ranks this analysis left out (``--keep-going``): flagged ``rank_failed``, and not already missing from the
-    trace (a rank that failed at convert time is in the metadata's ``failed_ranks``)."""
+    trace (a rank that failed at convert time is in the metadata's ``failed_ranks``: `convert` reported it), unless
+    the trace was ``converted`` for this command (then this command is the one to report it)."""
     from tracekit.schema import read_metadata
 
-    listed = read_metadata(trace).get("failed_ranks")
+    listed = None if converted else read_metadata(trace).get("failed_ranks")
     before = {f.get("rank") for f in listed if isinstance(f, dict)} if isinstance(listed, list) else set()
     return sorted({q.rank for q in result.sections.quality if q.code == "rank_failed" and isinstance(q.rank, int)} - before)
 
