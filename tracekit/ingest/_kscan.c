@@ -11,7 +11,10 @@
  *  - a value the fast path does not model (a non-integer pid, a timestamp in exponent notation, a
  *    recorded shape, a key spelled with escapes...) on a kept row makes the call return
  *    SCAN_UNSUPPORTED: the caller then decodes the chunk with its exact decoder, so rows never depend
- *    on this file for anything but the common case.
+ *    on this file for anything but the common case;
+ *  - an event named "nn.Module: ..." (a module range of a with_stack / with_modules trace, which the
+ *    scanner's category tables cannot keep) makes the call return SCAN_MODULE: the caller then decodes
+ *    the chunk with a reader that keeps module ranges.
  * No allocation, no global state: calls on different buffers run in parallel threads.
  */
 #include <stdint.h>
@@ -20,6 +23,9 @@
 #define SCAN_SYNTAX (-1)
 #define SCAN_CAPACITY (-2)
 #define SCAN_UNSUPPORTED (-3)
+#define SCAN_MODULE (-4)
+#define MODULE_PREFIX "nn.Module: "
+#define MODULE_PREFIX_LEN 11
 #define KIND_UNKNOWN_CAT (-2)
 #define KIND_UNKNOWN_PH (-3)
 #define KIND_DROP (-100)
@@ -677,6 +683,13 @@ static int event(Scan *s) {
     if (!members(s, 0)) return 0;
     int k = classify(s);
     if (s->err) return 0;
+    int32_t nc = *code_at(s, S_NAME);
+    if (nc >= 0) { /* a module range: the caller's other reader keeps it */
+        const int32_t *doff = o->doff + S_NAME * (o->tsize / 2 + 1);
+        if (doff[nc + 1] - doff[nc] >= MODULE_PREFIX_LEN
+            && memcmp(o->heap + S_NAME * o->hcap + doff[nc], MODULE_PREFIX, MODULE_PREFIX_LEN) == 0)
+            return fail(s, SCAN_MODULE);
+    }
     if (k == KIND_DROP) return 1;
     if (k >= 0 && row_is_odd(s)) return fail(s, SCAN_UNSUPPORTED);
     if (k >= 0 && *code_at(s, S_NAME) == CODE_NULL) { /* a kept row without a name is named "" (the exact decoder's fill) */

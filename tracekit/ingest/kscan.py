@@ -39,7 +39,7 @@ import pyarrow as pa
 
 from tracekit import _env
 
-__all__ = ["available", "unavailable_reason", "scan_stage", "library_path"]
+__all__ = ["available", "unavailable_reason", "scan_stage", "library_path", "ModuleRange"]
 
 _SRC = Path(__file__).with_name("_kscan.c")
 #: numeric fields, in the C enum's order -> stage column (None: kept by the scanner for the checks only)
@@ -49,7 +49,11 @@ NUM_FIELDS = ("pid", "tid", "ts_rel_ns", "dur_ns", "correlation", "external_id",
               "block_z")
 #: string fields, in the C enum's order
 STR_FIELDS = ("ph", "src", "name", "coll_name", "coll_dtype", "pg_name", "pg_desc", "pg_ranks")
-_SYNTAX, _CAPACITY, _UNSUPPORTED = -1, -2, -3
+_SYNTAX, _CAPACITY, _UNSUPPORTED, _MODULE = -1, -2, -3, -4
+
+
+class ModuleRange(Exception):
+    """The chunk holds a module range (an event named ``nn.Module: ...``): decode it with a reader that keeps them."""
 _UNKNOWN_CAT, _UNKNOWN_PH = -2, -3
 
 _lock = threading.Lock()
@@ -203,8 +207,9 @@ def release_scratch() -> None:
 
 def scan(chunk: bytes | bytearray | memoryview, tables: Tables, *, bare: bool = False) -> tuple[int, _Buffers] | None:
     """Run the scanner over a ``[...]`` chunk (``bare``: the events without brackets); None when it
-    declines the chunk (invalid JSON or a value it does not model). The arrays returned are this
-    thread's scratch: read them before the thread's next call."""
+    declines the chunk (invalid JSON or a value it does not model); raises :class:`ModuleRange` for a chunk
+    holding a module range. The arrays returned are this thread's scratch: read them before the thread's
+    next call."""
     lib = _load()
     if lib is None:
         return None
@@ -215,6 +220,8 @@ def scan(chunk: bytes | bytearray | memoryview, tables: Tables, *, bare: bool = 
         b = _buffers(n, cap, tsize)
         rc = lib.tk_scan_events(src.ctypes.data, n, int(bare), ctypes.byref(b.out), tables.cats.ctypes.data,
                                 tables.phases.ctypes.data, tables.instant)
+        if rc == _MODULE:
+            raise ModuleRange()
         if rc != _CAPACITY:
             return (int(b.out.rows), b) if rc == 0 else None
         if b.out.why == 1:
