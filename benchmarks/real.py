@@ -245,6 +245,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.hta_path is not None:
         _HTA_ENV = {"PYTHONPATH": os.pathsep.join([str(a.hta_path), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     a.work.mkdir(parents=True, exist_ok=True)
+    # tracekit's bytecode, as `pip install` writes it (HTA's and the libraries' were written when they were installed):
+    # without it, a checkout run with PYTHONDONTWRITEBYTECODE=1 compiles every tracekit module in every process
+    import compileall
+
+    compileall.compile_dir(str(HERE.parent / "tracekit"), quiet=1)
     fl = floors(a.trace)
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; {a.trace} = {fl['json_mb']:.1f} MB of JSON")
     if "isal_inflate_mb_per_cpu_s" in fl:

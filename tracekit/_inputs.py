@@ -11,7 +11,11 @@ import os
 import stat
 from pathlib import Path
 
-__all__ = ["guard_inputs", "note_input", "note_output", "published_outputs", "is_input"]
+__all__ = ["guard_inputs", "note_input", "note_output", "published_outputs", "is_input", "DATASET_META", "profiler_source",
+           "is_profiler_input"]
+
+#: the file of a directory dataset holding the footer metadata (schema + ``tracekit`` JSON)
+DATASET_META = "_common_metadata"
 
 #: inputs read inside :func:`guard_inputs` scopes, as (st_dev, st_ino): never the target of an output
 _INPUTS: list[set[tuple[int, int]]] = []
@@ -74,3 +78,28 @@ def note_input(path: str | os.PathLike[str]) -> None:
 def is_input(st: os.stat_result) -> bool:
     """Whether the file of ``st`` (same device and inode) was read inside an open :class:`guard_inputs` scope."""
     return any((st.st_dev, st.st_ino) in s for s in _INPUTS)
+
+
+def profiler_source(p: Path) -> str | None:
+    """What a file that ``tracekit convert`` reads looks like from its first bytes: gzip, JSON, an Nsight Systems
+    SQLite export; None otherwise (a trace.parquet among them)."""
+    try:
+        with open(p, "rb") as f:
+            head = f.read(64)
+    except OSError:
+        return None
+    if head.startswith(b"\x1f\x8b"):
+        return "gzip-compressed (a profiler's JSON trace?)"
+    if head.startswith(b"SQLite format 3\x00"):
+        return "an SQLite database (an Nsight Systems export?)"
+    if head.lstrip(b" \t\r\n\xef\xbb\xbf")[:1] in (b"{", b"["):
+        return "JSON (a profiler's trace?)"
+    return None
+
+
+def is_profiler_input(p: Path) -> bool:
+    """Whether ``p`` is a profiler's output (a file :func:`profiler_source` recognizes, or a directory that is not a
+    tracekit dataset) rather than a trace.parquet or dataset: the commands that read a trace convert it for the run."""
+    if p.is_dir():
+        return not (p / DATASET_META).is_file()
+    return p.is_file() and profiler_source(p) is not None

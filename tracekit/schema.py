@@ -37,7 +37,7 @@ from tracekit import __version__
 from tracekit._errors import InputError, OutputError, RankError, UsageError, os_reason
 from tracekit.enums import CATEGORIES, GPU_OP_KINDS, KINDS  # re-exported: the column vocabularies
 from tracekit.trace_check import check_data, check_footer, first_line  # first_line: re-exported (analysis uses it)
-from tracekit._inputs import guard_inputs, is_input, note_input, note_output, published_outputs
+from tracekit._inputs import DATASET_META, guard_inputs, is_input, note_input, note_output, profiler_source, published_outputs
 
 __all__ = [
     "TraceMeta", "RankMeta", "CaptureMeta", "as_trace_meta",
@@ -79,8 +79,6 @@ MAX_RANK = 2**31 - 1
 META_KEY = b"tracekit"
 #: footer key of one partition of a directory dataset (``{"rank": r}``): a lone part is not a trace
 PART_KEY = b"tracekit_part"
-#: the file of a directory dataset holding the footer metadata (schema + ``tracekit`` JSON)
-DATASET_META = "_common_metadata"
 _RANK_DIR = re.compile(r"^rank=(\d+)$")
 _PART_FILE = re.compile(r"^part-(\d+)\.parquet$")
 
@@ -543,23 +541,6 @@ def read_metadata(path: str | os.PathLike[str]) -> TraceMeta:
     if md.get(META_KEY) is None and PART_KEY in md:
         raise InputError(f"{p}: is one partition of a tracekit dataset, not a trace; pass the dataset directory {p.parent.parent}")
     return _parse_meta(p, md.get(META_KEY))
-
-
-def profiler_source(p: Path) -> str | None:
-    """What a file that ``tracekit convert`` reads looks like from its first bytes (a user who passes the profiler's
-    output to ``analyze`` is told to convert it): gzip, JSON, an Nsight Systems SQLite export; None otherwise."""
-    try:
-        with open(p, "rb") as f:
-            head = f.read(64)
-    except OSError:
-        return None
-    if head.startswith(b"\x1f\x8b"):
-        return "gzip-compressed (a profiler's JSON trace?)"
-    if head.startswith(b"SQLite format 3\x00"):
-        return "an SQLite database (an Nsight Systems export?)"
-    if head.lstrip(b" \t\r\n\xef\xbb\xbf")[:1] in (b"{", b"["):
-        return "JSON (a profiler's trace?)"
-    return None
 
 
 def _parse_meta(p: Path, raw: bytes | None) -> TraceMeta:

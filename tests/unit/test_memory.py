@@ -154,3 +154,28 @@ def test_polars_own_default_from_a_parent_process_is_not_the_users() -> None:
     # the user's own value after polars' defaults still wins
     out = _run(_PROBE.format(argv=["/venv/bin/tracekit", "analyze", "t"]), _clean_env(_RJEM_MALLOC_CONF=parent + ",dirty_decay_ms:7"))
     assert out.split()[0] == parent + ",dirty_decay_ms:7"
+
+
+def test_an_analysis_of_a_profiler_trace_gets_the_conversions_decay(tmp_path) -> None:
+    """``tracekit analyze trace.json.gz`` converts first (tracekit.commands._source): the conversion's short decay, so its
+    freed pages do not add to the analysis' peak; a trace.parquet or a dataset keeps the analysis' longer one."""
+    import gzip
+
+    gz = tmp_path / "rank0.json.gz"
+    gz.write_bytes(gzip.compress(b'{"traceEvents": []}'))
+    pq = tmp_path / "t.parquet"
+    pq.write_bytes(b"PAR1" + bytes(16) + b"PAR1")
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    dataset = tmp_path / "ds"
+    dataset.mkdir()
+    (dataset / "_common_metadata").write_bytes(b"PAR1")
+    html = tmp_path / "old.html"
+    html.write_text("<html></html>")
+    for args, conf in (([gz], POLARS_JEMALLOC_CONF), ([ranks], POLARS_JEMALLOC_CONF), ([pq], POLARS_JEMALLOC_CONF_ANALYZE),
+                       ([dataset], POLARS_JEMALLOC_CONF_ANALYZE), ([pq, "--html", html], POLARS_JEMALLOC_CONF_ANALYZE),
+                       ([gz, "--html", html], POLARS_JEMALLOC_CONF)):
+        argv = ["/venv/bin/tracekit", "analyze", *map(str, args)]
+        assert _memory.converts_input(argv) == (conf == POLARS_JEMALLOC_CONF)
+        out = _run(_PROBE.format(argv=argv), _clean_env())
+        assert out.split()[0].startswith(conf + ",narenas:"), (args, out)

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from tracekit._memory import release_memory
 from tracekit.commands._common import say
 
 __all__ = ["trace_source", "load_trace", "needs_convert"]
@@ -28,11 +29,9 @@ __all__ = ["trace_source", "load_trace", "needs_convert"]
 
 def needs_convert(path: Path) -> bool:
     """Whether ``path`` is a profiler's output rather than a trace.parquet or a tracekit dataset."""
-    from tracekit.schema import is_dataset, profiler_source
+    from tracekit._inputs import is_profiler_input
 
-    if path.is_dir():
-        return not is_dataset(path)
-    return path.is_file() and profiler_source(path) is not None
+    return is_profiler_input(path)
 
 
 @contextmanager
@@ -51,6 +50,7 @@ def trace_source(path: Path, *, keep_going: bool = False) -> Iterator[Path]:
     try:
         out = tmp / "trace.parquet"
         res = convert([path], out, compression="lz4", keep_going=keep_going)  # read once, right away: the cheaper codec
+        release_memory(arrow=True)  # the conversion's freed heap goes back before the analysis allocates its own
         ranks = f"{len(res.ranks)} rank" + ("s" if len(res.ranks) != 1 else "")
         say(f"tracekit: {path}: converted for this run ({ranks}, {res.rows:,} rows); "
             f"`tracekit convert {shlex.quote(str(path))}` saves it as trace.parquet for the next")
