@@ -42,8 +42,16 @@ __all__ = ["main"]
 # ---- child side (a fresh process per measurement) ------------------------------------------------
 
 
+#: the CLI command each tracekit child stands for (its allocator setting: tracekit._memory.configure_env)
+_AS_CLI = {"convert": "convert", "analyze": "analyze", "analyze-json": "analyze", "analyze-core": "analyze", "read": "convert"}
+
+
 def _child(argv: list[str]) -> int:
     what, t0 = argv[0], time.perf_counter()
+    if what in _AS_CLI:  # before polars loads, as `tracekit <command> <input>` sets it
+        from tracekit._memory import configure_env
+
+        configure_env(["tracekit", _AS_CLI[what], argv[-1] if what != "convert" else argv[2]])
     c0 = time.process_time()
     info: dict[str, Any] = {}
     if what == "convert":
