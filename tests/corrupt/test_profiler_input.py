@@ -163,3 +163,15 @@ def test_keep_going_leaves_out_a_rank_that_cannot_be_converted(tmp_path: Path, t
     assert "1 rank(s) failed (rank 1)" in p.stderr
     assert_clean_error(run("analyze", d), "rank 1", "rank1.json.gz", "truncated or corrupt gzip", code=2)
     assert not list(tmpdir_env.iterdir())
+
+
+def test_no_temporary_directory_is_a_one_line_error(sources: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import tempfile
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", full)
+    p = run("analyze", sources["one"])
+    assert_clean_error(p, "cannot create a temporary directory", "rank0.json.gz", "No space left", "TMPDIR", code=3)

@@ -44,9 +44,17 @@ def trace_source(path: Path, *, keep_going: bool = False) -> Iterator[Path]:
     if not needs_convert(path):
         yield path
         return
+    from tracekit import _interrupt
+    from tracekit._errors import OutputError, os_reason
     from tracekit.ingest.convert import convert
 
-    tmp = Path(tempfile.mkdtemp(prefix="tracekit-convert-"))
+    try:
+        with _interrupt.deferred():  # a Ctrl-C between the creation and the assignment would leak the directory
+            tmp = Path(tempfile.mkdtemp(prefix="tracekit-convert-"))
+    except OSError as e:
+        raise OutputError(f"{tempfile.gettempdir()}: cannot create a temporary directory to convert {path} "
+                          f"{os_reason(e, writing=True)}; set TMPDIR to a writable directory, or run "
+                          f"`tracekit convert {shlex.quote(str(path))}` first") from None
     try:
         out = tmp / "trace.parquet"
         res = convert([path], out, compression="lz4", keep_going=keep_going)  # read once, right away: the cheaper codec
@@ -56,7 +64,8 @@ def trace_source(path: Path, *, keep_going: bool = False) -> Iterator[Path]:
             f"`tracekit convert {shlex.quote(str(path))}` saves it as trace.parquet for the next")
         yield out
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        with _interrupt.deferred():  # the cleanup is never cut short by a Ctrl-C
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def load_trace(path: Path) -> tuple[Any, dict[str, Any]]:
