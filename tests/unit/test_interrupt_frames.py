@@ -6,7 +6,9 @@ then ran to its end), but in tracekit's or the standard library's code; frames b
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
+
+import pytest
 
 from tracekit import _interrupt
 
@@ -56,6 +58,16 @@ def run(body, done):
         done.append("cleanup started")
         done.append("cleanup finished")
 """
+
+
+@pytest.fixture(autouse=True)
+def _fresh_state() -> Iterator[None]:
+    """Each test's Ctrl-Cs end with it. A process ends after its command; this one runs other tests next, and a
+    Ctrl-C held or a stop flag left here would stop the next analysis in it (an xdist worker then reports a
+    keyboard interrupt in an unrelated test)."""
+    _interrupt.reset()
+    yield
+    _interrupt.reset()
 
 
 def _handler_run(body: Callable[[], None]) -> list[str]:
