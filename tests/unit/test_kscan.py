@@ -40,6 +40,10 @@ def test_a_module_range_is_reported_not_scanned(cat: str) -> None:
     assert rows == 3  # the python_function event is skipped by category
     rows, _ = kscan.scan(_chunk(_events(None)), kineto._TABLES)
     assert rows == 3
+    # the prefix is the reader's (one owner): tables without one scan the chunk, the module event skipped by category
+    bare = kscan.Tables(kineto.KINETO_KINDS, kineto._SKIP, kineto.KNOWN_PHASES)
+    rows, _ = kscan.scan(_chunk(_events("nn.Module: Linear_0")), bare)
+    assert rows == 3
 
 
 def test_module_ranges_are_kept_as_the_exact_decoder_keeps_them(tmp_path: Path) -> None:

@@ -12,9 +12,9 @@
  *    recorded shape, a key spelled with escapes...) on a kept row makes the call return
  *    SCAN_UNSUPPORTED: the caller then decodes the chunk with its exact decoder, so rows never depend
  *    on this file for anything but the common case;
- *  - an event named "nn.Module: ..." (a module range of a with_stack / with_modules trace, which the
- *    scanner's category tables cannot keep) makes the call return SCAN_MODULE: the caller then decodes
- *    the chunk with a reader that keeps module ranges.
+ *  - an event whose name starts with the caller's module prefix ("nn.Module: ", a module range of a
+ *    with_stack / with_modules trace, which the category tables cannot keep) makes the call return
+ *    SCAN_MODULE: the caller then decodes the chunk with a reader that keeps module ranges.
  * No allocation, no global state: calls on different buffers run in parallel threads.
  */
 #include <stdint.h>
@@ -24,8 +24,6 @@
 #define SCAN_CAPACITY (-2)
 #define SCAN_UNSUPPORTED (-3)
 #define SCAN_MODULE (-4)
-#define MODULE_PREFIX "nn.Module: "
-#define MODULE_PREFIX_LEN 11
 #define KIND_UNKNOWN_CAT (-2)
 #define KIND_UNKNOWN_PH (-3)
 #define KIND_DROP (-100)
@@ -68,6 +66,8 @@ typedef struct {
     int64_t hpos[N_STR];
     int8_t catcls[N_CLASS], phcls[N_CLASS];
     const uint8_t *cats, *phases;
+    const uint8_t *module;  /* the module-range name prefix, module_len bytes (0: none) */
+    int64_t module_len;
     int instant_kind;
     int err;
 } Scan;
@@ -684,10 +684,10 @@ static int event(Scan *s) {
     int k = classify(s);
     if (s->err) return 0;
     int32_t nc = *code_at(s, S_NAME);
-    if (nc >= 0) { /* a module range: the caller's other reader keeps it */
+    if (nc >= 0 && s->module_len > 0) { /* a module range: the caller's other reader keeps it */
         const int32_t *doff = o->doff + S_NAME * (o->tsize / 2 + 1);
-        if (doff[nc + 1] - doff[nc] >= MODULE_PREFIX_LEN
-            && memcmp(o->heap + S_NAME * o->hcap + doff[nc], MODULE_PREFIX, MODULE_PREFIX_LEN) == 0)
+        if (doff[nc + 1] - doff[nc] >= s->module_len
+            && memcmp(o->heap + S_NAME * o->hcap + doff[nc], s->module, (size_t)s->module_len) == 0)
             return fail(s, SCAN_MODULE);
     }
     if (k == KIND_DROP) return 1;
@@ -705,15 +705,17 @@ static int event(Scan *s) {
 /* Scan the events of ``buf`` (``bare``: no enclosing brackets); o->rows = the rows. Returns 0, or
  * SCAN_SYNTAX / SCAN_CAPACITY (o->why says what filled up) / SCAN_UNSUPPORTED; o->stop = where it
  * stopped. ``cats``: packed (len, bytes, code) entries, code >= 0 the kind of an X event of that
- * category, -1 a skipped category; ``phases``: the known phases (code 1). */
+ * category, -1 a skipped category; ``phases``: the known phases (code 1); ``module``: the name prefix
+ * of a module range (``module_len`` bytes; 0: none), see SCAN_MODULE. */
 int64_t tk_scan_events(const uint8_t *buf, int64_t len, int32_t bare, Out *o, const uint8_t *cats,
-                       const uint8_t *phases, int32_t instant_kind) {
+                       const uint8_t *phases, int32_t instant_kind, const uint8_t *module, int64_t module_len) {
     Scan s;
     memset(&s, 0, sizeof s);
     memset(s.catcls, -128, sizeof s.catcls);
     memset(s.phcls, -128, sizeof s.phcls);
     s.p = buf; s.end = buf + len; s.o = o;
     s.cats = cats; s.phases = phases; s.instant_kind = instant_kind;
+    s.module = module; s.module_len = module_len;
     memset(o->table, 0xFF, (size_t)(N_STR * o->tsize) * sizeof(int32_t));
     for (int f = 0; f < N_STR; f++) { o->ndict[f] = 0; o->doff[f * (o->tsize / 2 + 1)] = 0; }
     o->rows = 0; o->why = 0;

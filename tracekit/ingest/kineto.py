@@ -87,7 +87,6 @@ _SKIP = {
 MODULE_PREFIX = "nn.Module: "
 
 
-
 def _is_module(e: Any) -> bool:
     return e.cat == "python_function" and isinstance(e.name, str) and e.name.startswith(MODULE_PREFIX)
 
@@ -836,7 +835,7 @@ _STAGE_SCHEMA = {
     "block_x": pl.Int32, "block_y": pl.Int32, "block_z": pl.Int32,
 }
 #: the scanner's classification, from the reader's own tables
-_TABLES = kscan.Tables(KINETO_KINDS, _SKIP, KNOWN_PHASES)
+_TABLES = kscan.Tables(KINETO_KINDS, _SKIP, KNOWN_PHASES, MODULE_PREFIX)
 _ARG_RENAME = {
     "External id": "external_id", "registers per thread": "registers_per_thread", "shared memory": "shared_mem_bytes",
     "graph id": "graph_id", "graph node id": "graph_node_id", "Collective name": "coll_name",

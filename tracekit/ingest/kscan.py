@@ -50,15 +50,15 @@ NUM_FIELDS = ("pid", "tid", "ts_rel_ns", "dur_ns", "correlation", "external_id",
 #: string fields, in the C enum's order
 STR_FIELDS = ("ph", "src", "name", "coll_name", "coll_dtype", "pg_name", "pg_desc", "pg_ranks")
 _SYNTAX, _CAPACITY, _UNSUPPORTED, _MODULE = -1, -2, -3, -4
-
-
-class ModuleRange(Exception):
-    """The chunk holds a module range (an event named ``nn.Module: ...``): decode it with a reader that keeps them."""
 _UNKNOWN_CAT, _UNKNOWN_PH = -2, -3
 
 _lock = threading.Lock()
 _lib: Any = None
 _why: str | None = None
+
+
+class ModuleRange(Exception):
+    """The chunk holds a module range (an event named ``nn.Module: ...``): decode it with a reader that keeps them."""
 
 
 def _tag() -> str:
@@ -115,7 +115,7 @@ def _load() -> Any:
                 f = lib.tk_scan_events
                 f.restype = ctypes.c_int64
                 f.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p,
-                              ctypes.c_void_p, ctypes.c_int32]
+                              ctypes.c_void_p, ctypes.c_int32, ctypes.c_char_p, ctypes.c_int64]
                 _lib = lib
             except OSError as e:
                 _why = str(e)
@@ -146,7 +146,9 @@ def _table(entries: dict[str, int]) -> np.ndarray:
 class Tables:
     """The classification the scanner applies, built from the reader's own tables (one owner)."""
 
-    def __init__(self, kinds: dict[str, str], skip: set[str] | frozenset[str], phases: frozenset[str]) -> None:
+    def __init__(self, kinds: dict[str, str], skip: set[str] | frozenset[str], phases: frozenset[str], module_prefix: str = "") -> None:
+        """``module_prefix``: names of module ranges (the scanner raises :class:`ModuleRange` on one; "": none)."""
+        self.module = module_prefix.encode()
         self.kind_names = sorted(set(kinds.values())) + ["instant"]
         code = {k: i for i, k in enumerate(self.kind_names)}
         cats = {c: -1 for c in skip}
@@ -219,7 +221,7 @@ def scan(chunk: bytes | bytearray | memoryview, tables: Tables, *, bare: bool = 
     for _ in range(4):
         b = _buffers(n, cap, tsize)
         rc = lib.tk_scan_events(src.ctypes.data, n, int(bare), ctypes.byref(b.out), tables.cats.ctypes.data,
-                                tables.phases.ctypes.data, tables.instant)
+                                tables.phases.ctypes.data, tables.instant, tables.module, len(tables.module))
         if rc == _MODULE:
             raise ModuleRange()
         if rc != _CAPACITY:
