@@ -51,7 +51,7 @@ def _child(argv: list[str]) -> int:
     if what in _AS_CLI:  # before polars loads, as `tracekit <command> <input>` sets it
         from tracekit._memory import configure_env
 
-        configure_env(["tracekit", _AS_CLI[what], argv[-1] if what != "convert" else argv[2]])
+        configure_env(["tracekit", _AS_CLI[what], argv[-1]])  # the input is the last argument of every child
     c0 = time.process_time()
     info: dict[str, Any] = {}
     if what == "convert":

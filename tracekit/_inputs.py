@@ -12,7 +12,7 @@ import stat
 from pathlib import Path
 
 __all__ = ["guard_inputs", "note_input", "note_output", "published_outputs", "is_input", "DATASET_META", "profiler_source",
-           "is_profiler_input"]
+           "is_dataset", "is_profiler_input"]
 
 #: the file of a directory dataset holding the footer metadata (schema + ``tracekit`` JSON)
 DATASET_META = "_common_metadata"
@@ -97,9 +97,14 @@ def profiler_source(p: Path) -> str | None:
     return None
 
 
+def is_dataset(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a directory dataset (a directory holding :data:`DATASET_META`)."""
+    return Path(path).is_dir() and (Path(path) / DATASET_META).is_file()
+
+
 def is_profiler_input(p: Path) -> bool:
     """Whether ``p`` is a profiler's output (a file :func:`profiler_source` recognizes, or a directory that is not a
     tracekit dataset) rather than a trace.parquet or dataset: the commands that read a trace convert it for the run."""
     if p.is_dir():
-        return not (p / DATASET_META).is_file()
+        return not is_dataset(p)
     return p.is_file() and profiler_source(p) is not None

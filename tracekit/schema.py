@@ -37,7 +37,7 @@ from tracekit import __version__
 from tracekit._errors import InputError, OutputError, RankError, UsageError, os_reason
 from tracekit.enums import CATEGORIES, GPU_OP_KINDS, KINDS  # re-exported: the column vocabularies
 from tracekit.trace_check import check_data, check_footer, first_line  # first_line: re-exported (analysis uses it)
-from tracekit._inputs import DATASET_META, guard_inputs, is_input, note_input, note_output, profiler_source, published_outputs
+from tracekit._inputs import DATASET_META, guard_inputs, is_dataset, is_input, note_input, note_output, profiler_source, published_outputs
 
 __all__ = [
     "TraceMeta", "RankMeta", "CaptureMeta", "as_trace_meta",
@@ -553,11 +553,6 @@ def _parse_meta(p: Path, raw: bytes | None) -> TraceMeta:
     if not isinstance(meta, dict):
         raise InputError(f"{p}: corrupt tracekit metadata in the footer (not an object); re-convert the source")
     return cast(TraceMeta, check_footer(meta, p, SCHEMA_VERSION))
-
-
-def is_dataset(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` is a directory dataset (a directory holding :data:`DATASET_META`)."""
-    return Path(path).is_dir() and (Path(path) / DATASET_META).is_file()
 
 
 def _dataset_metadata(p: Path) -> TraceMeta:

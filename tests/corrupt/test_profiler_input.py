@@ -134,7 +134,8 @@ def test_cluster_still_needs_a_parquet_its_workers_can_read(sources: dict[str, P
 
 
 def test_a_dataset_or_parquet_is_read_in_place(sources: dict[str, Path], tmpdir_env: Path) -> None:
-    from tracekit.commands._source import needs_convert, trace_source
+    from tracekit._inputs import is_profiler_input as needs_convert
+    from tracekit.commands._source import trace_source
 
     pq = sources["one_pq"]
     assert not needs_convert(pq) and needs_convert(sources["one"]) and needs_convert(sources["two"])

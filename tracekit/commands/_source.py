@@ -21,17 +21,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from tracekit._inputs import is_profiler_input
 from tracekit._memory import release_memory
 from tracekit.commands._common import say
 
-__all__ = ["trace_source", "load_trace", "needs_convert"]
-
-
-def needs_convert(path: Path) -> bool:
-    """Whether ``path`` is a profiler's output rather than a trace.parquet or a tracekit dataset."""
-    from tracekit._inputs import is_profiler_input
-
-    return is_profiler_input(path)
+__all__ = ["trace_source", "load_trace"]
 
 
 @contextmanager
@@ -41,7 +35,7 @@ def trace_source(path: Path, *, keep_going: bool = False) -> Iterator[Path]:
     ``keep_going`` (the command's ``--keep-going``): a rank that cannot be converted is left out and flagged
     ``rank_failed`` (``failed_ranks`` in the metadata), as ``tracekit convert --keep-going`` does; the command
     then reports it with the ranks its own analysis left out."""
-    if not needs_convert(path):
+    if not is_profiler_input(path):
         yield path
         return
     from tracekit import _interrupt
